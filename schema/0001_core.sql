@@ -1,17 +1,18 @@
 -- imcore core data model (ARCHITECTURE §2, seed 000 §3, seed 002).
--- Identifier form of PROTOCOL §1: 1–64 chars of A-Z a-z 0-9 . _ : @ -
-CREATE DOMAIN ident AS text CHECK (VALUE ~ '^[A-Za-z0-9._:@-]{1,64}$');
+-- Identifiers have the form of PROTOCOL §1 (1–64 chars of A-Z a-z 0-9 . _ : @ -),
+-- checked where they are born (users, devices, conversations, client_msg_id);
+-- everything else references those rows.
 
 CREATE TABLE users (
-    user_id      ident PRIMARY KEY,
+    user_id      text PRIMARY KEY CHECK (user_id ~ '^[A-Za-z0-9._:@-]{1,64}$'),
     display_name text CHECK (length(display_name) <= 128),
     created_at   timestamptz NOT NULL DEFAULT now()
 );
 
 -- One bearer token per device, stored as SHA-256; issuing again rotates it.
 CREATE TABLE devices (
-    user_id    ident NOT NULL REFERENCES users,
-    device_id  ident NOT NULL,
+    user_id    text NOT NULL REFERENCES users,
+    device_id  text NOT NULL CHECK (device_id ~ '^[A-Za-z0-9._:@-]{1,64}$'),
     token_hash bytea NOT NULL UNIQUE CHECK (length(token_hash) = 32),
     created_at timestamptz NOT NULL DEFAULT now(),
     rotated_at timestamptz NOT NULL DEFAULT now(),
@@ -22,11 +23,11 @@ CREATE TABLE devices (
 -- events carry no foreign key to this table: every event is inserted while this
 -- row is locked FOR UPDATE by the inserting transaction.
 CREATE TABLE conversations (
-    conv_id          ident PRIMARY KEY,
+    conv_id          text PRIMARY KEY CHECK (conv_id ~ '^[A-Za-z0-9._:@-]{1,64}$'),
     kind             text NOT NULL CHECK (kind IN ('direct', 'group')),
     delivery_mode    text NOT NULL DEFAULT 'push' CHECK (delivery_mode IN ('push', 'pull')),
     name             text CHECK (length(name) <= 128),
-    owner            ident REFERENCES users,
+    owner            text REFERENCES users,
     join_mode        text NOT NULL DEFAULT 'invite' CHECK (join_mode IN ('invite', 'approval', 'free')),
     max_member       integer NOT NULL DEFAULT 500 CHECK (max_member BETWEEN 1 AND 1000000),
     mute_all         boolean NOT NULL DEFAULT false,
@@ -49,8 +50,8 @@ CREATE TABLE conversations (
 -- The only truth of who could see what (P3, P4): [from_seq, to_seq], to_seq NULL = open.
 CREATE EXTENSION IF NOT EXISTS btree_gist;
 CREATE TABLE membership_periods (
-    conv_id  ident NOT NULL REFERENCES conversations,
-    user_id  ident NOT NULL REFERENCES users,
+    conv_id  text NOT NULL REFERENCES conversations,
+    user_id  text NOT NULL REFERENCES users,
     from_seq bigint NOT NULL CHECK (from_seq >= 1),
     to_seq   bigint,
     PRIMARY KEY (conv_id, user_id, from_seq),
@@ -64,8 +65,8 @@ CREATE UNIQUE INDEX membership_periods_one_open ON membership_periods (conv_id, 
 
 -- Attributes of current members, written with the period that opens or closes.
 CREATE TABLE members (
-    conv_id    ident NOT NULL,
-    user_id    ident NOT NULL,
+    conv_id    text NOT NULL,
+    user_id    text NOT NULL,
     role       text NOT NULL DEFAULT 'member' CHECK (role IN ('owner', 'admin', 'member')),
     alias      text CHECK (length(alias) <= 64),
     mute_until timestamptz,
@@ -112,9 +113,9 @@ CREATE UNIQUE INDEX events_request_key ON events (conv_id, sender_user, client_m
 
 -- P9: request keys of purged events, so a late retry is answered, never re-appended.
 CREATE TABLE idem_tombstones (
-    conv_id       ident NOT NULL,
-    sender_user   ident NOT NULL,
-    client_msg_id ident NOT NULL,
+    conv_id       text NOT NULL,
+    sender_user   text NOT NULL,
+    client_msg_id text NOT NULL,
     request_hash  bytea NOT NULL CHECK (length(request_hash) = 32),
     seq           bigint NOT NULL,
     purged_at     timestamptz NOT NULL DEFAULT now(),
@@ -123,17 +124,17 @@ CREATE TABLE idem_tombstones (
 
 -- P8: monotonic, capped at head by the writer.
 CREATE TABLE read_cursors (
-    user_id  ident NOT NULL,
-    conv_id  ident NOT NULL,
+    user_id  text NOT NULL,
+    conv_id  text NOT NULL,
     read_seq bigint NOT NULL CHECK (read_seq >= 0),
     PRIMARY KEY (user_id, conv_id)
 );
 
 -- Pending joins in approval groups.
 CREATE TABLE group_applications (
-    conv_id      ident NOT NULL REFERENCES conversations,
-    user_id      ident NOT NULL REFERENCES users,
-    requested_by ident NOT NULL,
+    conv_id      text NOT NULL REFERENCES conversations,
+    user_id      text NOT NULL REFERENCES users,
+    requested_by text NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (conv_id, user_id)
 );

@@ -1,1 +1,29 @@
+//! imcore — an instant-messaging core.
+//!
+//! # Layout
+//! * [`domain`] — rules independent of transport and storage: bodies and their
+//!   fingerprints, roles and permission bits, events, rejections.
+//! * [`store`] — PostgreSQL, one module per transaction family: `write` (send,
+//!   join, leave under the conversation row lock), `sync`, `conversations`,
+//!   `accounts`, `migrate`.
+//! * [`pg`] — the embedded PostgreSQL used when no `DATABASE_URL` is given.
+//! * [`gateway`] — HTTP routes; PROTOCOL error codes are produced only here.
+//! * [`config`], [`startup`], [`telemetry`] — configuration, the server
+//!   builder (port 0 for tests), logs.
+//! * The concurrency core (conversation actors, hub, route registry) is the
+//!   `imcore-actors` crate.
+//!
+//! # Invariants (ARCHITECTURE §2)
+//! P1 gapless seqs and P5 `next_seq = max + 1`: seqs are allocated from the
+//! locked conversation row in the transaction that inserts the events. P2 one
+//! event per request key: a partial unique index, and the replay lookup under
+//! the lock. P3/P4 membership periods: an exclusion constraint and a partial
+//! unique index; joins and leaves are events sharing the seq space.
 
+pub mod config;
+pub mod domain;
+pub mod gateway;
+pub mod pg;
+pub mod startup;
+pub mod store;
+pub mod telemetry;

@@ -1,1 +1,365 @@
-//! (being written)
+//! One actor per hot conversation: it serialises that conversation's writes
+//! and commits them in batches (group commit, ARCHITECTURE §3).
+//!
+//! # Why an internal queue and not async handlers
+//! actix does not serialise async handlers by itself: a `ResponseActFuture`
+//! lets the next message start while the previous transaction is still
+//! running, and `AtomicResponse` serialises but blocks the mailbox, so no
+//! batch could ever form. The actor therefore keeps its own queue and **exactly
+//! one batch in flight**: a [`Submit`] handler only queues; a batch starts when
+//! none is in flight and takes everything queued (up to
+//! [`ActorConfig::max_batch`]); the next batch is started from the completion
+//! of the previous one. No timers: under load, batch size follows transaction
+//! latency by itself.
+//!
+//! # Order of effects per batch (STYLE 6)
+//! commit → reply to every caller, in op order → [`Fanout::deliver`] → next batch.
+//!
+//! # Correctness
+//! The actor is an accelerator, not the guard: gapless seqs and one event per
+//! request key rest on the store's row-locked transaction. Two actors for one
+//! conversation (two nodes, or an old actor finishing its last ops while its
+//! successor starts) must still produce a correct log; the hub additionally
+//! holds a successor's first batch until its predecessor has stopped, so one
+//! submitter's ops keep their order across an eviction (P6).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use actix::{fut, Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Running, WrapFuture};
+use tokio::sync::oneshot;
+use tokio::task::JoinError;
+use tokio::time::Instant;
+
+use crate::hub::{Gate, Hub};
+use crate::ids::ConvId;
+use crate::store::{BatchCommitted, ConversationStore, Fanout};
+
+/// Why one op was not committed. The gateway maps these to PROTOCOL codes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    /// The conversation's queue is full (or the hub is shutting down): nothing
+    /// was done; the client may retry later. Wire code `OVERLOADED`.
+    #[error("conversation is overloaded, retry later")]
+    Overloaded,
+    /// The batch failed as a whole (store error, panic, actor gone): the op may
+    /// or may not have been committed; a retry with the same request key is
+    /// safe (it replays). Wire code `INTERNAL`.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// What one op's caller gets back.
+pub type WriteResult<S> = Result<<S as ConversationStore>::Outcome, WriteError>;
+
+/// Capacities and timeouts of conversation actors (STYLE 11).
+#[derive(Debug, Clone)]
+pub struct ActorConfig {
+    /// Most ops in one batch (one transaction). Default 1024.
+    pub max_batch: usize,
+    /// Most ops queued behind the batch in flight; one more is refused with
+    /// [`WriteError::Overloaded`] at once. Default 8192.
+    pub max_queue: usize,
+    /// Capacity of the actix mailbox in front of the queue. The handler only
+    /// moves messages into the queue, so the mailbox is a burst buffer while
+    /// the actor's thread is busy; once full, `try_send` fails and the caller
+    /// gets [`WriteError::Overloaded`] at once. Memory per conversation is
+    /// bounded by `mailbox_capacity + max_queue` ops. Default 1024.
+    pub mailbox_capacity: usize,
+    /// An actor with nothing queued or in flight for this long stops and
+    /// leaves the hub. Checked every `idle_timeout / 2`. Default 60 s.
+    pub idle_timeout: Duration,
+}
+
+impl Default for ActorConfig {
+    fn default() -> Self {
+        Self { max_batch: 1024, max_queue: 8192, mailbox_capacity: 1024, idle_timeout: Duration::from_secs(60) }
+    }
+}
+
+/// Queue one op on a conversation's actor. Handled without awaiting anything:
+/// the op joins the queue (or is refused with `Overloaded`) and `reply`
+/// receives its outcome once its batch is done. A `Submit` dropped unhandled
+/// drops `reply`, which the hub reports as `Internal`.
+pub struct Submit<S: ConversationStore> {
+    pub op: S::Op,
+    pub reply: oneshot::Sender<WriteResult<S>>,
+}
+
+// Hand-written: the derive would demand `S: Message`-friendly bounds on `S`.
+impl<S: ConversationStore> Message for Submit<S> {
+    type Result = ();
+}
+
+/// Stop once everything queued is committed and answered (hub shutdown).
+/// Its `done` signal is the actor's own exit, observed through the hub.
+pub(crate) struct Drain;
+
+impl Message for Drain {
+    type Result = ();
+}
+
+struct Pending<S: ConversationStore> {
+    op: S::Op,
+    reply: oneshot::Sender<WriteResult<S>>,
+}
+
+/// The single owner of one conversation's write queue (STYLE 5).
+pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
+    conv: ConvId,
+    store: Arc<S>,
+    fanout: Arc<F>,
+    /// Weak: the hub owns the arbiters this actor runs on; a strong reference
+    /// would keep them alive through the actor.
+    hub: Weak<Hub<S, F>>,
+    config: ActorConfig,
+    /// Ops waiting for the next batch, each with its caller's reply channel.
+    queue: VecDeque<Pending<S>>,
+    /// The store's per-conversation cache. `None` exactly while a batch owns
+    /// it; after a failed batch it is reset to `Default` (it may be stale).
+    cache: Option<S::Cache>,
+    /// The one batch in flight. Every batch is started by `start_batch`,
+    /// which does nothing while this is set.
+    in_flight: bool,
+    /// A batch start is already scheduled for the end of this mailbox poll.
+    kick_scheduled: bool,
+    /// Set while this actor's predecessor for the same conversation is still
+    /// finishing; no batch starts before it has stopped (keeps P6 across an
+    /// eviction).
+    blocked: bool,
+    /// Last time an op arrived or a batch finished.
+    last_activity: Instant,
+    /// Stop once idle even before `idle_timeout` (hub shutdown).
+    drain_requested: bool,
+    /// The hub no longer routes new ops here (see [`Gate`]); the actor stops
+    /// as soon as its mailbox, queue and batch are empty.
+    retiring: bool,
+    /// Shared with the hub's map entry: the eviction handshake.
+    gate: Arc<Gate>,
+    /// Dropped with the actor (however it ends): wakes a successor waiting in
+    /// `blocked` and a hub waiting in `shutdown`.
+    _done: oneshot::Sender<()>,
+    predecessor: Option<oneshot::Receiver<()>>,
+}
+
+// actix needs `Actor: Unpin`. The store's types need not be `Unpin`, and
+// nothing here is ever pinned in place: actix only takes `&mut` to the actor.
+impl<S: ConversationStore, F: Fanout<S::Committed>> Unpin for ConversationActor<S, F> {}
+
+impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        conv: ConvId,
+        store: Arc<S>,
+        fanout: Arc<F>,
+        hub: Weak<Hub<S, F>>,
+        config: ActorConfig,
+        gate: Arc<Gate>,
+        done: oneshot::Sender<()>,
+        predecessor: Option<oneshot::Receiver<()>>,
+    ) -> Self {
+        Self {
+            conv,
+            store,
+            fanout,
+            hub,
+            config,
+            queue: VecDeque::new(),
+            cache: Some(S::Cache::default()),
+            in_flight: false,
+            kick_scheduled: false,
+            blocked: predecessor.is_some(),
+            last_activity: Instant::now(),
+            drain_requested: false,
+            retiring: false,
+            gate,
+            _done: done,
+            predecessor,
+        }
+    }
+
+    /// Starts a batch at the end of the current mailbox poll, so that a burst
+    /// of messages already in the mailbox lands in one batch. Not a timer: the
+    /// spawned item runs in the same poll of the actor's future.
+    fn kick(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight || self.blocked || self.kick_scheduled || self.queue.is_empty() {
+            return;
+        }
+        self.kick_scheduled = true;
+        ctx.spawn(fut::ready(()).map(|(), act: &mut Self, ctx| {
+            act.kick_scheduled = false;
+            act.start_batch(ctx);
+        }));
+    }
+
+    fn start_batch(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight || self.blocked || self.queue.is_empty() {
+            return;
+        }
+        let n = self.queue.len().min(self.config.max_batch.max(1));
+        let mut ops = Vec::with_capacity(n);
+        let mut replies = Vec::with_capacity(n);
+        for p in self.queue.drain(..n) {
+            ops.push(p.op);
+            replies.push(p.reply);
+        }
+        let cache = self.cache.take().unwrap_or_default();
+        self.in_flight = true;
+        let store = Arc::clone(&self.store);
+        let conv = self.conv.clone();
+        // The store call runs in its own task: a panic there (even in the
+        // synchronous part of `commit_batch`) surfaces as a `JoinError`
+        // instead of tearing down this actor.
+        let task = actix::spawn(async move { store.commit_batch(conv, cache, ops).await });
+        ctx.spawn(task.into_actor(self).map(move |res, act, ctx| act.finish_batch(replies, res, ctx)));
+    }
+
+    fn finish_batch(
+        &mut self,
+        replies: Vec<oneshot::Sender<WriteResult<S>>>,
+        res: Result<Result<BatchCommitted<S>, S::Error>, JoinError>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.in_flight = false;
+        self.last_activity = Instant::now();
+        match res {
+            Ok(Ok(BatchCommitted { outcomes, cache, committed })) => {
+                self.cache = Some(cache);
+                if outcomes.len() != replies.len() {
+                    tracing::error!(
+                        conv_id = %self.conv,
+                        ops = replies.len(),
+                        outcomes = outcomes.len(),
+                        "store broke its contract: one outcome per op"
+                    );
+                }
+                let mut outcomes = outcomes.into_iter();
+                for reply in replies {
+                    let answer = outcomes
+                        .next()
+                        .ok_or_else(|| WriteError::Internal("store returned no outcome for this op".into()));
+                    // A caller that gave up has dropped its receiver: nothing to do.
+                    let _ = reply.send(answer);
+                }
+                self.fanout.deliver(&self.conv, committed);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(conv_id = %self.conv, ops = replies.len(), error = %e, "batch failed");
+                self.fail_all(replies, e.to_string());
+            }
+            Err(join) => {
+                tracing::error!(conv_id = %self.conv, ops = replies.len(), error = %join, "batch task failed");
+                self.fail_all(replies, "batch aborted".to_owned());
+            }
+        }
+        self.start_batch(ctx);
+        self.maybe_retire(ctx);
+    }
+
+    fn fail_all(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, msg: String) {
+        // The cache may describe state the failed transaction never committed.
+        self.cache = Some(S::Cache::default());
+        for reply in replies {
+            let _ = reply.send(Err(WriteError::Internal(msg.clone())));
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.queue.is_empty() && !self.in_flight && !self.blocked
+    }
+
+    /// Eviction, step 1: close the gate so the hub routes no new op here.
+    fn maybe_retire(&mut self, ctx: &mut Context<Self>) {
+        if !self.idle() {
+            return;
+        }
+        if self.retiring {
+            // Ops that slipped in before the gate closed are done: stop now.
+            self.finish_retiring(ctx);
+            return;
+        }
+        if self.drain_requested || self.last_activity.elapsed() >= self.config.idle_timeout {
+            tracing::debug!(conv_id = %self.conv, "conversation actor retiring");
+            self.retiring = true;
+            self.gate.close();
+            self.finish_retiring(ctx);
+        }
+    }
+
+    /// Eviction, step 2: wait until no hub caller is between reading this
+    /// actor's address and pushing into its mailbox; from then on nothing new
+    /// can arrive. Step 3 (the spawned item) runs after the next mailbox poll,
+    /// which handles every message pushed so far; `stopping` refuses to stop
+    /// if that poll queued ops, and `finish_batch` comes back here.
+    fn finish_retiring(&mut self, ctx: &mut Context<Self>) {
+        if self.gate.senders_inside() {
+            ctx.run_later(Duration::from_millis(1), |act, ctx| act.finish_retiring(ctx));
+            return;
+        }
+        ctx.spawn(fut::ready(()).map(|(), _act: &mut Self, ctx: &mut Context<Self>| {
+            use actix::ActorContext;
+            ctx.stop();
+        }));
+    }
+}
+
+impl<S: ConversationStore, F: Fanout<S::Committed>> Actor for ConversationActor<S, F> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let tick = (self.config.idle_timeout / 2).max(Duration::from_millis(1));
+        ctx.run_interval(tick, |act, ctx| act.maybe_retire(ctx));
+        if let Some(pred) = self.predecessor.take() {
+            // Resolves (with an error) when the predecessor actor is dropped.
+            ctx.spawn(pred.into_actor(self).map(|_, act, ctx| {
+                act.blocked = false;
+                act.last_activity = Instant::now();
+                act.start_batch(ctx);
+                // A drain may have arrived while blocked.
+                act.maybe_retire(ctx);
+            }));
+        }
+    }
+
+    fn stopping(&mut self, _ctx: &mut Context<Self>) -> Running {
+        if self.idle() {
+            Running::Stop
+        } else {
+            // The last mailbox poll queued ops (or something asked us to stop
+            // mid-batch): finish them first.
+            Running::Continue
+        }
+    }
+
+    fn stopped(&mut self, ctx: &mut Context<Self>) {
+        tracing::debug!(conv_id = %self.conv, "conversation actor stopped");
+        self.gate.close();
+        if let Some(hub) = self.hub.upgrade() {
+            hub.remove_if_same(&self.conv, &ctx.address());
+        }
+    }
+}
+
+impl<S: ConversationStore, F: Fanout<S::Committed>> Handler<Submit<S>> for ConversationActor<S, F> {
+    type Result = ();
+
+    fn handle(&mut self, msg: Submit<S>, ctx: &mut Context<Self>) {
+        self.last_activity = Instant::now();
+        if self.queue.len() >= self.config.max_queue {
+            let _ = msg.reply.send(Err(WriteError::Overloaded));
+            return;
+        }
+        self.queue.push_back(Pending { op: msg.op, reply: msg.reply });
+        self.kick(ctx);
+    }
+}
+
+impl<S: ConversationStore, F: Fanout<S::Committed>> Handler<Drain> for ConversationActor<S, F> {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Drain, ctx: &mut Context<Self>) {
+        self.drain_requested = true;
+        self.maybe_retire(ctx);
+    }
+}

@@ -18,6 +18,10 @@ pub mod hub;
 pub mod ids;
 pub mod registry;
 pub mod store;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
+pub use conversation::{ActorConfig, ConversationActor, Submit, WriteError, WriteResult};
+pub use hub::{Hub, HubConfig};
 pub use ids::{ClientMsgId, ConvId, DeviceId, InvalidId, UserId};
 pub use store::{BatchCommitted, ConversationStore, Fanout};

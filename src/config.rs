@@ -1,0 +1,73 @@
+//! Configuration: flags and environment, one place, defaults that work.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::domain::DEFAULT_MAX_BODY_BYTES;
+
+/// How sends reach PostgreSQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WritePath {
+    /// Through the conversation's actor, batched (group commit).
+    Actor,
+    /// One transaction per op (seed 000): the baseline benchmarks compare against.
+    Direct,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "imcore", version, about = "imcore instant-messaging server")]
+pub struct Config {
+    /// PostgreSQL to use. Unset: run an embedded PostgreSQL in the data directory.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Address to serve HTTP and WebSocket on.
+    #[arg(long, env = "IMCORE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Holds the embedded PostgreSQL (`pg/`) and the generated admin token.
+    #[arg(long, env = "IMCORE_DATA_DIR", default_value = "./var")]
+    pub data_dir: PathBuf,
+
+    /// Admin bearer token. Unset: generated once and kept in `<data_dir>/admin-token`.
+    #[arg(long, env = "IMCORE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Database connections in the pool.
+    #[arg(long, env = "IMCORE_POOL_SIZE", default_value_t = 16)]
+    pub pool_size: u32,
+
+    /// `actor` (batched, default) or `direct` (one transaction per op).
+    #[arg(long, env = "IMCORE_WRITE_PATH", value_enum, default_value_t = WritePath::Actor)]
+    pub write_path: WritePath,
+
+    /// Largest message body, serialized compactly.
+    #[arg(long, env = "IMCORE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+
+    /// Log filter (tracing `EnvFilter` syntax).
+    #[arg(long, env = "IMCORE_LOG", default_value = "info")]
+    pub log: String,
+}
+
+impl Config {
+    /// Defaults for embedding (tests, benchmarks): nothing read from the environment.
+    pub fn for_database(url: String) -> Self {
+        Self {
+            database_url: Some(url),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: PathBuf::from("./var"),
+            admin_token: None,
+            pool_size: 16,
+            write_path: WritePath::Actor,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            log: "warn".into(),
+        }
+    }
+}
+
+/// How long graceful shutdown waits for in-flight work.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -1,0 +1,77 @@
+//! A message body: any JSON value, kept in one canonical compact text form so
+//! that its fingerprint (SHA-256 of that text) is the same for every retry.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// PROTOCOL §1: at most 16 KiB serialized compactly (configurable).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    #[error("body is {size} bytes serialized, over the {max}-byte limit")]
+    TooLarge { size: usize, max: usize },
+}
+
+/// A checked body: canonical text (object keys sorted, no whitespace) and its fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Body {
+    text: String,
+    fingerprint: [u8; 32],
+    mention_all: bool,
+}
+
+impl Body {
+    pub fn parse(value: &Value, max_bytes: usize) -> Result<Self, BodyError> {
+        // serde_json's map is ordered by key (no `preserve_order`), so this
+        // serialization is canonical: the same JSON value gives the same text.
+        let text = value.to_string();
+        if text.len() > max_bytes {
+            return Err(BodyError::TooLarge { size: text.len(), max: max_bytes });
+        }
+        let fingerprint = Sha256::digest(text.as_bytes()).into();
+        let mention_all = value.get("mention_all") == Some(&Value::Bool(true));
+        Ok(Self { text, fingerprint, mention_all })
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub fn fingerprint(&self) -> &[u8; 32] {
+        &self.fingerprint
+    }
+
+    /// `body.mention_all == true` needs the `AT_ALL` permission bit.
+    pub fn mention_all(&self) -> bool {
+        self.mention_all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn key_order_and_whitespace_do_not_change_the_fingerprint() {
+        let a: Value = serde_json::from_str(r#"{"type":"text", "text":"hi"}"#).expect("json");
+        let b: Value = serde_json::from_str(r#"{ "text" : "hi","type":"text"}"#).expect("json");
+        assert_eq!(Body::parse(&a, 100).expect("a").fingerprint(), Body::parse(&b, 100).expect("b").fingerprint());
+    }
+
+    #[test]
+    fn a_different_body_has_a_different_fingerprint() {
+        let a = Body::parse(&json!({"text":"hi"}), 100).expect("a");
+        let b = Body::parse(&json!({"text":"ho"}), 100).expect("b");
+        assert_ne!(a.fingerprint(), b.fingerprint());
+    }
+
+    #[test]
+    fn the_limit_counts_the_compact_serialization() {
+        let v = json!({"t": "x".repeat(10)});
+        let size = v.to_string().len();
+        assert!(Body::parse(&v, size).is_ok());
+        assert_eq!(Body::parse(&v, size - 1), Err(BodyError::TooLarge { size, max: size - 1 }));
+    }
+}

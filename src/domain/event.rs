@@ -1,0 +1,83 @@
+//! An event of a conversation's log, as stored (PROTOCOL §5 "Event object").
+
+use chrono::{DateTime, Utc};
+use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub conv_id: ConvId,
+    pub seq: i64,
+    pub created_at: DateTime<Utc>,
+    pub kind: EventKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventKind {
+    Msg {
+        message_id: Uuid,
+        sender: UserId,
+        sender_device: DeviceId,
+        client_msg_id: ClientMsgId,
+        /// Canonical JSON text; `None` once recalled.
+        body: Option<String>,
+        recalled: bool,
+    },
+    Recall {
+        sender: UserId,
+        sender_device: Option<DeviceId>,
+        target_seq: i64,
+    },
+    Join {
+        subject: UserId,
+        actor: UserId,
+    },
+    Leave {
+        subject: UserId,
+        actor: UserId,
+        reason: LeaveReason,
+    },
+    Group {
+        actor: UserId,
+        /// JSON object text naming what changed.
+        change: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaveReason {
+    Left,
+    Kicked,
+    Dismissed,
+}
+
+impl LeaveReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaveReason::Left => "left",
+            LeaveReason::Kicked => "kicked",
+            LeaveReason::Dismissed => "dismissed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "left" => Some(LeaveReason::Left),
+            "kicked" => Some(LeaveReason::Kicked),
+            "dismissed" => Some(LeaveReason::Dismissed),
+            _ => None,
+        }
+    }
+}
+
+impl EventKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Msg { .. } => "msg",
+            EventKind::Recall { .. } => "recall",
+            EventKind::Join { .. } => "join",
+            EventKind::Leave { .. } => "leave",
+            EventKind::Group { .. } => "group",
+        }
+    }
+}

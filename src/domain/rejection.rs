@@ -1,0 +1,31 @@
+/// Why a well-formed request was refused. Each maps to one PROTOCOL §2 code
+/// (`crate::protocol::ErrorCode::from`); a rejected request changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("not a member of this conversation")]
+    NotMember,
+    #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("muted")]
+    Muted,
+    #[error("the group was dismissed")]
+    ConvDismissed,
+    #[error("already a member")]
+    AlreadyMember,
+    #[error("the group is full")]
+    GroupFull,
+    #[error("client_msg_id was already used with a different body")]
+    IdempotencyMismatch,
+    #[error("the earlier send with this client_msg_id was purged by retention")]
+    IdempotencyKeyExpired,
+    #[error("the recall window has passed")]
+    RecallWindowExpired,
+    #[error("the conversation's epoch is now {epoch}")]
+    EpochChanged { epoch: i32, min_seq: i64 },
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{0} already exists")]
+    AlreadyExists(&'static str),
+}

@@ -1,0 +1,227 @@
+//! Creating and reading conversations. Creation writes the conversation row and
+//! the initial `join` events in one transaction (seed 000 §4.1): the creator
+//! first, then the members in list order.
+
+use chrono::{DateTime, Utc};
+use imcore_actors::{ConvId, UserId};
+use sha2::{Digest, Sha256};
+use tokio_postgres::types::Type;
+use tokio_postgres::Row;
+
+use super::write::{apply_ops, ConvCache, JoinOp, WriteOp};
+use super::{Store, StoreError};
+use crate::domain::{DeliveryMode, Event, JoinMode, Rejection, Role};
+
+#[derive(Debug, Clone)]
+pub enum CreateConversation {
+    /// Deterministic id per pair; creating again returns the existing one.
+    Direct {
+        creator: UserId,
+        other: UserId,
+    },
+    Group {
+        creator: UserId,
+        conv_id: Option<ConvId>,
+        name: String,
+        members: Vec<UserId>,
+        settings: GroupSettings,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct GroupSettings {
+    pub delivery_mode: DeliveryMode,
+    pub join_mode: JoinMode,
+    pub max_member: i32,
+    pub recall_window_ms: i64,
+    pub retention_ms: Option<i64>,
+}
+
+impl Default for GroupSettings {
+    /// PROTOCOL §5 defaults.
+    fn default() -> Self {
+        Self {
+            delivery_mode: DeliveryMode::Push,
+            join_mode: JoinMode::Invite,
+            max_member: 500,
+            recall_window_ms: 120_000,
+            retention_ms: None,
+        }
+    }
+}
+
+/// PROTOCOL §5 conversation object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConversationInfo {
+    pub conv_id: ConvId,
+    pub kind: &'static str,
+    pub name: Option<String>,
+    pub owner: Option<String>,
+    pub delivery_mode: DeliveryMode,
+    pub join_mode: JoinMode,
+    pub max_member: i32,
+    pub member_count: i32,
+    pub mute_all: bool,
+    pub dismissed: bool,
+    pub head: i64,
+    pub min_seq: i64,
+    pub epoch: i32,
+    pub recall_window_ms: i64,
+    pub retention_ms: Option<i64>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug)]
+pub struct CreatedConversation {
+    pub info: ConversationInfo,
+    /// False when a direct conversation already existed.
+    pub created: bool,
+    /// The `join` events written, for delivery.
+    pub events: Vec<Event>,
+}
+
+/// The id of the direct conversation of a pair, whoever creates it.
+pub fn direct_conv_id(a: &UserId, b: &UserId) -> ConvId {
+    let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+    let digest = Sha256::digest(format!("{lo}\n{hi}").as_bytes());
+    let id = format!("d-{}", &hex::encode(digest)[..40]);
+    ConvId::parse(&id).unwrap_or_else(|_| unreachable!("hex is in the id alphabet"))
+}
+
+const CONVERSATION_COLUMNS: &str = "c.conv_id, c.kind, c.name, c.owner, c.delivery_mode, c.join_mode, c.max_member,
+    c.member_count, c.mute_all, c.status = 'dismissed', c.next_seq - 1, c.min_seq, c.epoch, c.recall_window_ms,
+    c.retention_ms, c.created_at";
+
+pub(super) fn conversation_from_row(r: &Row) -> ConversationInfo {
+    ConversationInfo {
+        conv_id: ConvId::parse(r.get(0)).unwrap_or_else(|_| unreachable!("checked by the schema")),
+        kind: if r.get::<_, &str>(1) == "group" { "group" } else { "direct" },
+        name: r.get(2),
+        owner: r.get(3),
+        delivery_mode: r.get::<_, &str>(4).parse().unwrap_or(DeliveryMode::Push),
+        join_mode: r.get::<_, &str>(5).parse().unwrap_or(JoinMode::Invite),
+        max_member: r.get(6),
+        member_count: r.get(7),
+        mute_all: r.get(8),
+        dismissed: r.get(9),
+        head: r.get(10),
+        min_seq: r.get(11),
+        epoch: r.get(12),
+        recall_window_ms: r.get(13),
+        retention_ms: r.get(14),
+        created_at: r.get(15),
+    }
+}
+
+impl Store {
+    pub async fn create_conversation(&self, req: &CreateConversation) -> Result<CreatedConversation, StoreError> {
+        let (conv_id, kind, creator, others, settings, name) = match req {
+            CreateConversation::Direct { creator, other } => {
+                if creator == other {
+                    return Err(Rejection::BadRequest("a direct conversation needs another user".into()).into());
+                }
+                let id = direct_conv_id(creator, other);
+                (id, "direct", creator, std::slice::from_ref(other), GroupSettings::default(), None)
+            }
+            CreateConversation::Group { creator, conv_id, name, members, settings } => {
+                let id = match conv_id {
+                    Some(id) => id.clone(),
+                    None => ConvId::parse(&format!("g-{}", uuid::Uuid::new_v4().simple()))
+                        .unwrap_or_else(|_| unreachable!("uuid hex is in the id alphabet")),
+                };
+                (id, "group", creator, members.as_slice(), settings.clone(), Some(name.as_str()))
+            }
+        };
+        let owner = (kind == "group").then(|| creator.as_str());
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        let inserted = tx
+            .execute_typed(
+                "INSERT INTO conversations (conv_id, kind, name, owner, delivery_mode, join_mode, max_member,
+                                            recall_window_ms, retention_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (conv_id) DO NOTHING",
+                &[
+                    (&conv_id.as_str(), Type::TEXT),
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&settings.delivery_mode.as_str(), Type::TEXT),
+                    (&settings.join_mode.as_str(), Type::TEXT),
+                    (&settings.max_member, Type::INT4),
+                    (&settings.recall_window_ms, Type::INT8),
+                    (&settings.retention_ms, Type::INT8),
+                ],
+            )
+            .await;
+        let inserted = match inserted {
+            Ok(n) => n,
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) => {
+                return Err(Rejection::NotFound("user").into())
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if inserted == 0 {
+            drop(tx);
+            return match kind {
+                "direct" => Ok(CreatedConversation {
+                    info: self.get_conversation(&conv_id, creator).await?,
+                    created: false,
+                    events: vec![],
+                }),
+                _ => Err(Rejection::AlreadyExists("conversation").into()),
+            };
+        }
+        let mut joins = vec![WriteOp::Join(JoinOp {
+            user: creator.clone(),
+            actor: creator.clone(),
+            role: if kind == "group" { Role::Owner } else { Role::Member },
+        })];
+        let mut seen = std::collections::HashSet::from([creator]);
+        joins.extend(
+            others
+                .iter()
+                .filter(|u| seen.insert(*u))
+                .map(|u| WriteOp::Join(JoinOp { user: u.clone(), actor: creator.clone(), role: Role::Member })),
+        );
+        let written = apply_ops(&tx, &conv_id, &mut ConvCache::default(), &joins).await?;
+        if let Some(Err(rejection)) = written.outcomes.into_iter().find(Result::is_err) {
+            return Err(rejection.into()); // dropping `tx` rolls the whole creation back
+        }
+        tx.commit().await?;
+        Ok(CreatedConversation {
+            info: self.get_conversation(&conv_id, creator).await?,
+            created: true,
+            events: written.events,
+        })
+    }
+
+    /// The conversation as `caller` may see it: anyone who has ever been a
+    /// member (former members keep reading their history); else `NOT_MEMBER`,
+    /// also for a conversation that does not exist.
+    pub async fn get_conversation(&self, conv: &ConvId, caller: &UserId) -> Result<ConversationInfo, StoreError> {
+        let conn = self.pool.get().await?;
+        let sql = format!(
+            "SELECT {CONVERSATION_COLUMNS} FROM conversations c WHERE c.conv_id = $1
+               AND EXISTS (SELECT 1 FROM membership_periods p WHERE p.conv_id = c.conv_id AND p.user_id = $2)"
+        );
+        let row = conn
+            .query_typed_opt(&sql, &[(&conv.as_str(), Type::TEXT), (&caller.as_str(), Type::TEXT)])
+            .await?
+            .ok_or(Rejection::NotMember)?;
+        Ok(conversation_from_row(&row))
+    }
+
+    /// Admin: bump the epoch after the log was rebuilt (a restore). Clients
+    /// holding the old epoch get `EPOCH_CHANGED` and resync from `min_seq`.
+    pub async fn bump_epoch(&self, conv: &ConvId) -> Result<i32, StoreError> {
+        let conn = self.pool.get().await?;
+        let row = conn
+            .query_typed_opt(
+                "UPDATE conversations SET epoch = epoch + 1 WHERE conv_id = $1 RETURNING epoch",
+                &[(&conv.as_str(), Type::TEXT)],
+            )
+            .await?
+            .ok_or(Rejection::NotFound("conversation"))?;
+        Ok(row.get(0))
+    }
+}

@@ -1,0 +1,57 @@
+//! Numbered migrations from `schema/`, embedded in the binary and applied at
+//! start-up under an advisory lock, so two processes starting at once apply
+//! each exactly once. Applying again is a no-op.
+
+use tokio_postgres::GenericClient;
+
+use super::{Store, StoreError};
+
+/// `(version, name, sql)`, ascending.
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "core", include_str!("../../schema/0001_core.sql"))];
+
+pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// Arbitrary, fixed: the key of the migration advisory lock.
+const LOCK_KEY: i64 = 0x1c04_e5c4;
+
+pub(super) async fn applied_version(c: &impl GenericClient) -> Result<i32, StoreError> {
+    let exists: bool = c.query_one("SELECT to_regclass('imcore_schema_migrations') IS NOT NULL", &[]).await?.get(0);
+    if !exists {
+        return Ok(0);
+    }
+    Ok(c.query_one("SELECT coalesce(max(version), 0) FROM imcore_schema_migrations", &[]).await?.get(0))
+}
+
+impl Store {
+    /// Applies the migrations this database lacks; returns how many.
+    pub async fn migrate(&self) -> Result<usize, StoreError> {
+        let mut conn = self.pool.get().await?;
+        conn.execute("SELECT pg_advisory_lock($1)", &[&LOCK_KEY]).await?;
+        let result = apply(&mut conn).await;
+        // Unlock even when a migration failed; the session ends with the
+        // connection otherwise, but pooled connections live on.
+        conn.execute("SELECT pg_advisory_unlock($1)", &[&LOCK_KEY]).await?;
+        result
+    }
+}
+
+async fn apply(conn: &mut tokio_postgres::Client) -> Result<usize, StoreError> {
+    conn.batch_execute(
+        "CREATE TABLE IF NOT EXISTS imcore_schema_migrations (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await?;
+    let current = applied_version(&*conn).await?;
+    let mut applied = 0;
+    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
+        let tx = conn.transaction().await?;
+        tx.batch_execute(sql).await?;
+        tx.execute("INSERT INTO imcore_schema_migrations (version, name) VALUES ($1, $2)", &[version, name]).await?;
+        tx.commit().await?;
+        tracing::info!(version, name, "applied migration");
+        applied += 1;
+    }
+    Ok(applied)
+}

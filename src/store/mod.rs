@@ -1,0 +1,90 @@
+//! The PostgreSQL store: one module per transaction family.
+//!
+//! Every statement goes out with [`GenericClient::query_typed`] (parameter types
+//! given), which is one round trip — a plain `query(&str)` would first prepare
+//! (a second round trip), and the conversation row lock is held across round
+//! trips, not across fsync (ARCHITECTURE §3).
+
+mod accounts;
+mod conversations;
+mod migrate;
+mod sync;
+mod write;
+
+use std::time::Duration;
+
+use bb8_postgres::PostgresConnectionManager;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+use crate::domain::Rejection;
+
+pub use accounts::{DeviceToken, TokenOwner};
+pub use conversations::{ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
+pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
+pub use sync::{SyncPage, SyncRequest, SYNC_FORWARD, SYNC_MAX_LIMIT};
+pub use write::{ConvCache, JoinOp, LeaveOp, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch};
+
+pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+
+/// Session settings for every pooled connection. A transaction that holds a
+/// conversation row lock must never wait forever (seed 000 §8).
+const SESSION_OPTIONS: &str =
+    "-c lock_timeout=5000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A well-formed request refused by a rule; nothing changed.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    #[error("database error")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("database connection pool")]
+    Pool(#[from] bb8::RunError<tokio_postgres::Error>),
+    #[error("invalid DATABASE_URL: {0}")]
+    Config(String),
+}
+
+impl StoreError {
+    /// The SQLSTATE of a database error, for classifying it (never the text).
+    pub fn sql_state(&self) -> Option<&SqlState> {
+        match self {
+            StoreError::Db(e) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+/// Handle to the database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+}
+
+impl Store {
+    pub async fn connect(url: &str, pool_size: u32) -> Result<Self, StoreError> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Config(format!("{e}")))?;
+        if config.get_options().is_none() {
+            config.options(SESSION_OPTIONS);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("imcore");
+        }
+        let manager = PostgresConnectionManager::new(config, NoTls);
+        let pool =
+            bb8::Pool::builder().max_size(pool_size).connection_timeout(Duration::from_secs(10)).build(manager).await?;
+        Ok(Self { pool })
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Database reachable and the schema at this build's version.
+    pub async fn ready(&self) -> bool {
+        match self.pool.get().await {
+            Ok(c) => migrate::applied_version(&*c).await.map(|v| v == SCHEMA_VERSION).unwrap_or(false),
+            Err(_) => false,
+        }
+    }
+}

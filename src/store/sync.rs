@@ -1,0 +1,184 @@
+//! History reads (PROTOCOL §5 `sync`, seed 000 §4.3): a primary-key range scan
+//! of `(conv_id, seq)` per membership period of the caller — a member sees
+//! exactly the events inside its periods, a former member still reads its own.
+
+use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+use tokio_postgres::types::Type;
+use tokio_postgres::Row;
+
+use super::{Store, StoreError};
+use crate::domain::{Event, EventKind, LeaveReason, Rejection};
+
+pub const SYNC_DEFAULT_LIMIT: i64 = 100;
+pub const SYNC_MAX_LIMIT: i64 = 1000;
+
+#[derive(Debug, Clone)]
+pub struct SyncRequest {
+    pub conv: ConvId,
+    pub user: UserId,
+    /// Forward paging: events with `seq > after_seq`.
+    pub after_seq: Option<i64>,
+    /// Backward paging: the newest events below `before_seq` (wins over `after_seq`).
+    pub before_seq: Option<i64>,
+    pub limit: i64,
+    /// The client's epoch; a different one is `EPOCH_CHANGED`.
+    pub epoch: Option<i32>,
+}
+
+impl SyncRequest {
+    pub fn forward(conv: ConvId, user: UserId, after_seq: i64) -> Self {
+        Self { conv, user, after_seq: Some(after_seq), before_seq: None, limit: SYNC_DEFAULT_LIMIT, epoch: None }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SyncPage {
+    /// Ascending seq.
+    pub events: Vec<Event>,
+    pub head: i64,
+    pub min_seq: i64,
+    pub epoch: i32,
+    /// Where the forward scan stopped: pass it as the next `after_seq`. It can be
+    /// past the last returned event when invisible stretches were skipped.
+    pub next_after: i64,
+    /// Backward paging: pass as the next `before_seq` (the lowest seq scanned).
+    pub next_before: Option<i64>,
+    pub has_more: bool,
+    /// `after_seq` was below the retained log; the page starts at `min_seq`.
+    pub truncated: bool,
+}
+
+const HEADER: &str = "
+SELECT c.next_seq - 1, c.min_seq, c.epoch
+  FROM conversations c
+ WHERE c.conv_id = $1
+   AND EXISTS (SELECT 1 FROM membership_periods p WHERE p.conv_id = c.conv_id AND p.user_id = $2)";
+
+/// Forward page: $3 after, $4 head (the snapshot bound), $5 limit.
+pub const SYNC_FORWARD: &str = "
+SELECT e.* FROM membership_periods p
+ CROSS JOIN LATERAL (
+   SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device,
+          e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled
+     FROM events e
+    WHERE e.conv_id = p.conv_id AND e.seq > greatest($3, p.from_seq - 1) AND e.seq <= least(p.to_seq, $4)
+    ORDER BY e.seq LIMIT $5) e
+ WHERE p.conv_id = $1 AND p.user_id = $2 AND coalesce(p.to_seq, $4) > $3
+ ORDER BY e.seq LIMIT $5";
+
+/// Backward page: $3 before, $4 head, $5 limit, $6 min_seq.
+const SYNC_BACKWARD: &str = "
+SELECT e.* FROM membership_periods p
+ CROSS JOIN LATERAL (
+   SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device,
+          e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled
+     FROM events e
+    WHERE e.conv_id = p.conv_id AND e.seq >= greatest(p.from_seq, $6) AND e.seq <= least(p.to_seq, $4)
+      AND e.seq < $3
+    ORDER BY e.seq DESC LIMIT $5) e
+ WHERE p.conv_id = $1 AND p.user_id = $2 AND p.from_seq < $3
+ ORDER BY e.seq DESC LIMIT $5";
+
+impl Store {
+    pub async fn sync(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
+        let conn = self.pool.get().await?;
+        let (conv, user) = (req.conv.as_str(), req.user.as_str());
+        // The header is read first: every event up to this head committed with
+        // (or before) the `next_seq` we read, so the page below sees all of them.
+        let header = conn
+            .query_typed_opt(HEADER, &[(&conv, Type::TEXT), (&user, Type::TEXT)])
+            .await?
+            .ok_or(Rejection::NotMember)?;
+        let (head, min_seq, epoch): (i64, i64, i32) = (header.get(0), header.get(1), header.get(2));
+        if req.epoch.is_some_and(|e| e != epoch) {
+            return Err(Rejection::EpochChanged { epoch, min_seq }.into());
+        }
+        let limit = req.limit.clamp(1, SYNC_MAX_LIMIT);
+        let fetch = limit + 1;
+        let mut page = SyncPage {
+            events: vec![],
+            head,
+            min_seq,
+            epoch,
+            next_after: 0,
+            next_before: None,
+            has_more: false,
+            truncated: false,
+        };
+        if let Some(before) = req.before_seq {
+            let rows = conn
+                .query_typed(
+                    SYNC_BACKWARD,
+                    &[
+                        (&conv, Type::TEXT),
+                        (&user, Type::TEXT),
+                        (&before, Type::INT8),
+                        (&head, Type::INT8),
+                        (&fetch, Type::INT8),
+                        (&min_seq, Type::INT8),
+                    ],
+                )
+                .await?;
+            page.has_more = rows.len() as i64 > limit;
+            page.events = rows.iter().take(limit as usize).rev().filter_map(|r| event_from_row(&req.conv, r)).collect();
+            page.next_before = page.events.first().map(|e| e.seq);
+            page.next_after = page.events.last().map_or(before.min(head + 1) - 1, |e| e.seq);
+            return Ok(page);
+        }
+        let mut after = req.after_seq.unwrap_or(0).max(0);
+        if after < min_seq - 1 {
+            after = min_seq - 1;
+            page.truncated = true;
+        }
+        let rows = conn
+            .query_typed(
+                SYNC_FORWARD,
+                &[
+                    (&conv, Type::TEXT),
+                    (&user, Type::TEXT),
+                    (&after, Type::INT8),
+                    (&head, Type::INT8),
+                    (&fetch, Type::INT8),
+                ],
+            )
+            .await?;
+        page.has_more = rows.len() as i64 > limit;
+        page.events = rows.iter().take(limit as usize).filter_map(|r| event_from_row(&req.conv, r)).collect();
+        page.next_after = match page.events.last() {
+            Some(last) if page.has_more => last.seq,
+            // Nothing visible remains up to head: the scan covered it all.
+            _ => after.max(head),
+        };
+        Ok(page)
+    }
+}
+
+/// Decodes a row of the event columns selected by the sync queries. Rows are written by this crate and checked
+/// by the schema, so a row that does not decode is skipped (and logged).
+pub(super) fn event_from_row(conv: &ConvId, r: &Row) -> Option<Event> {
+    let user = |i: usize| r.get::<_, Option<&str>>(i).and_then(|s| UserId::parse(s).ok());
+    let seq: i64 = r.get(0);
+    let kind = match r.get::<_, &str>(1) {
+        "msg" => EventKind::Msg {
+            message_id: r.get(3),
+            sender: user(4)?,
+            sender_device: DeviceId::parse(r.get(5)).ok()?,
+            client_msg_id: ClientMsgId::parse(r.get(6)).ok()?,
+            body: r.get(7),
+            recalled: r.get(13),
+        },
+        "recall" => EventKind::Recall {
+            sender: user(4)?,
+            sender_device: r.get::<_, Option<&str>>(5).and_then(|d| DeviceId::parse(d).ok()),
+            target_seq: r.get(11),
+        },
+        "join" => EventKind::Join { subject: user(8)?, actor: user(9)? },
+        "leave" => EventKind::Leave { subject: user(8)?, actor: user(9)?, reason: LeaveReason::parse(r.get(10))? },
+        "group" => EventKind::Group { actor: user(9)?, change: r.get(12) },
+        other => {
+            tracing::error!(conv_id = %conv, seq, kind = other, "undecodable event row");
+            return None;
+        }
+    };
+    Some(Event { conv_id: conv.clone(), seq, created_at: r.get(2), kind })
+}

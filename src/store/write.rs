@@ -1,0 +1,578 @@
+//! The write transaction: a batch of one conversation's ops under its row lock
+//! (seed 000 §4.2, ARCHITECTURE §3). The `direct` write path runs it with one op.
+//!
+//! Round trips: lock; one replay + tombstone lookup for every request key of the
+//! batch; member rows only for users the cache lacks; membership changes, if
+//! any; one multi-row INSERT with the `next_seq` UPDATE; COMMIT.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+use tokio_postgres::types::Type;
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+use crate::domain::{Body, Event, EventKind, JoinMode, LeaveReason, Permission, Rejection, Role};
+
+/// One write request against one conversation.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    Send(SendOp),
+    Join(JoinOp),
+    Leave(LeaveOp),
+}
+
+#[derive(Debug, Clone)]
+pub struct SendOp {
+    pub sender: UserId,
+    pub device: DeviceId,
+    pub client_msg_id: ClientMsgId,
+    pub body: Body,
+}
+
+/// `user` joins with `role`; `actor` is who added them (the user itself for a self-join).
+#[derive(Debug, Clone)]
+pub struct JoinOp {
+    pub user: UserId,
+    pub actor: UserId,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaveOp {
+    pub user: UserId,
+    pub actor: UserId,
+    pub reason: LeaveReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendAck {
+    pub seq: i64,
+    pub message_id: Uuid,
+    pub dup: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    Sent(SendAck),
+    Joined { seq: i64 },
+    Left { seq: i64 },
+}
+
+pub type WriteOutcome = Result<Written, Rejection>;
+
+/// A committed batch: one outcome per op, and the events it appended.
+#[derive(Debug)]
+pub struct WrittenBatch {
+    pub outcomes: Vec<WriteOutcome>,
+    pub events: Vec<Event>,
+    /// The conversation's head after the batch.
+    pub head: i64,
+}
+
+/// What a conversation actor keeps between batches: member attributes, valid
+/// while `member_version` matches the locked row (every membership, role or
+/// mute change bumps it). A stale or empty cache costs a lookup, never a wrong answer.
+#[derive(Debug, Default)]
+pub struct ConvCache {
+    member_version: i64,
+    /// `None`: known not to be a current member.
+    members: HashMap<UserId, Option<MemberState>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MemberState {
+    role: Role,
+    mute_until: Option<DateTime<Utc>>,
+}
+
+/// The locked conversation row.
+struct ConvRow {
+    dismissed: bool,
+    next_seq: i64,
+    member_version: i64,
+    member_count: i32,
+    max_member: i32,
+    mute_all: bool,
+    join_mode: JoinMode,
+    /// Transaction time, in ms: the `created_at` of everything the batch appends.
+    now: DateTime<Utc>,
+}
+
+const LOCK_CONVERSATION: &str = "
+SELECT status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, join_mode,
+       date_trunc('milliseconds', now())
+  FROM conversations WHERE conv_id = $1 FOR UPDATE";
+
+/// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
+/// join against the key list can scan the whole conversation).
+const LOOKUP_REQUEST_KEYS: &str = "
+SELECT k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash IS NOT NULL
+  FROM unnest($2::text[], $3::text[]) AS k(u, c)
+  LEFT JOIN LATERAL (SELECT seq, message_id, request_hash, created_at FROM events
+                      WHERE conv_id = $1 AND sender_user = k.u AND client_msg_id = k.c LIMIT 1) e ON true
+  LEFT JOIN LATERAL (SELECT request_hash FROM idem_tombstones
+                      WHERE conv_id = $1 AND sender_user = k.u AND client_msg_id = k.c) t ON true
+ WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
+
+const LOOKUP_MEMBERS: &str = "
+SELECT q.uid, u.user_id IS NOT NULL, m.role, m.mute_until
+  FROM unnest($2::text[]) AS q(uid)
+  LEFT JOIN users u ON u.user_id = q.uid
+  LEFT JOIN members m ON m.conv_id = $1 AND m.user_id = q.uid";
+
+const APPEND_EVENTS: &str = "
+WITH appended AS (
+  INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
+                      body, subject_user, actor, reason, created_at)
+  SELECT $1, e.*, $13
+    FROM unnest($2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[], $9::text[],
+                $10::text[], $11::text[], $12::text[]) AS e)
+UPDATE conversations
+   SET next_seq = $14, member_version = member_version + $15, member_count = $16, last_event_at = $13
+ WHERE conv_id = $1";
+
+const OPEN_PERIODS: &str = "
+WITH opened AS (
+  INSERT INTO membership_periods (conv_id, user_id, from_seq)
+  SELECT $1, u, s FROM unnest($2::text[], $3::int8[]) AS j(u, s))
+INSERT INTO members (conv_id, user_id, role, joined_seq)
+SELECT $1, u, r, s FROM unnest($2::text[], $3::int8[], $4::text[]) AS j(u, s, r)";
+
+const CLOSE_PERIODS: &str = "
+WITH closed AS (
+  UPDATE membership_periods p SET to_seq = l.s
+    FROM unnest($2::text[], $3::int8[]) AS l(u, s)
+   WHERE p.conv_id = $1 AND p.user_id = l.u AND p.to_seq IS NULL)
+DELETE FROM members WHERE conv_id = $1 AND user_id = ANY($2)";
+
+impl Store {
+    /// Commits `ops` in order in one transaction (`cache` may be stale or empty).
+    pub async fn write_batch(
+        &self,
+        conv: &ConvId,
+        mut cache: ConvCache,
+        ops: &[WriteOp],
+    ) -> Result<(WrittenBatch, ConvCache), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        let written = apply_ops(&tx, conv, &mut cache, ops).await?;
+        tx.commit().await?;
+        Ok((written, cache))
+    }
+
+    /// The `direct` write path: one op, one transaction, no cache.
+    pub async fn write(&self, conv: &ConvId, op: WriteOp) -> Result<Written, StoreError> {
+        let (mut batch, _) = self.write_batch(conv, ConvCache::default(), std::slice::from_ref(&op)).await?;
+        match batch.outcomes.pop() {
+            Some(outcome) => Ok(outcome?),
+            None => unreachable_outcome(),
+        }
+    }
+}
+
+#[cold]
+fn unreachable_outcome() -> Result<Written, StoreError> {
+    Err(StoreError::Config("write batch returned no outcome".into()))
+}
+
+/// Applies `ops` inside `tx`, which the caller commits. Checks run in the order
+/// of PROTOCOL §5 `send`, all under the conversation row lock.
+pub(super) async fn apply_ops(
+    tx: &Transaction<'_>,
+    conv: &ConvId,
+    cache: &mut ConvCache,
+    ops: &[WriteOp],
+) -> Result<WrittenBatch, StoreError> {
+    let Some(row) = lock_conversation(tx, conv).await? else {
+        // No existence leak: an unknown conversation answers like a non-member.
+        return Ok(WrittenBatch {
+            outcomes: ops.iter().map(|_| Err(Rejection::NotMember)).collect(),
+            events: vec![],
+            head: 0,
+        });
+    };
+    if cache.member_version != row.member_version {
+        cache.members.clear();
+        cache.member_version = row.member_version;
+    }
+    let prior = lookup_request_keys(tx, conv, ops).await?;
+    let users = load_members(tx, conv, cache, ops).await?;
+
+    let mut b = BatchBuilder::new(conv, &row);
+    let mut outcomes = Vec::with_capacity(ops.len());
+    for op in ops {
+        let outcome = match op {
+            WriteOp::Send(s) => b.send(s, &prior, cache),
+            WriteOp::Join(j) => b.join(j, &users, cache),
+            WriteOp::Leave(l) => b.leave(l, cache),
+        };
+        outcomes.push(outcome);
+    }
+    b.flush(tx, conv, cache, &row).await?;
+    Ok(WrittenBatch { outcomes, head: b.next_seq - 1, events: b.events })
+}
+
+async fn lock_conversation(tx: &Transaction<'_>, conv: &ConvId) -> Result<Option<ConvRow>, StoreError> {
+    let Some(r) = tx.query_typed_opt(LOCK_CONVERSATION, &[(&conv.as_str(), Type::TEXT)]).await? else {
+        return Ok(None);
+    };
+    Ok(Some(ConvRow {
+        dismissed: r.get(0),
+        next_seq: r.get(1),
+        member_version: r.get(2),
+        member_count: r.get(3),
+        max_member: r.get(4),
+        mute_all: r.get(5),
+        join_mode: r.get::<_, &str>(6).parse().unwrap_or(JoinMode::Invite),
+        now: r.get(7),
+    }))
+}
+
+/// An earlier event or tombstone of a request key.
+struct Prior {
+    event: Option<SendAckWithHash>,
+    tombstone: bool,
+}
+
+#[derive(Clone)]
+struct SendAckWithHash {
+    ack: SendAck,
+    hash: Vec<u8>,
+}
+
+type RequestKey = (UserId, ClientMsgId);
+
+async fn lookup_request_keys(
+    tx: &Transaction<'_>,
+    conv: &ConvId,
+    ops: &[WriteOp],
+) -> Result<HashMap<RequestKey, Prior>, StoreError> {
+    let (users, keys): (Vec<&str>, Vec<&str>) = ops
+        .iter()
+        .filter_map(|op| match op {
+            WriteOp::Send(s) => Some((s.sender.as_str(), s.client_msg_id.as_str())),
+            _ => None,
+        })
+        .unzip();
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = tx
+        .query_typed(
+            LOOKUP_REQUEST_KEYS,
+            &[(&conv.as_str(), Type::TEXT), (&users, Type::TEXT_ARRAY), (&keys, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    let mut prior = HashMap::with_capacity(rows.len());
+    for r in rows {
+        let (Ok(user), Ok(key)) = (UserId::parse(r.get(0)), ClientMsgId::parse(r.get(1))) else { continue };
+        let event = r.get::<_, Option<i64>>(2).map(|seq| SendAckWithHash {
+            ack: SendAck { seq, message_id: r.get(3), dup: true, created_at: r.get(5) },
+            hash: r.get(4),
+        });
+        prior.insert((user, key), Prior { event, tombstone: r.get(6) });
+    }
+    Ok(prior)
+}
+
+/// Fills the cache for every user the batch needs and the cache lacks. Returns
+/// the users that exist (joins of unknown users are refused).
+async fn load_members(
+    tx: &Transaction<'_>,
+    conv: &ConvId,
+    cache: &mut ConvCache,
+    ops: &[WriteOp],
+) -> Result<HashMap<UserId, bool>, StoreError> {
+    let mut wanted: Vec<&str> = Vec::new();
+    let mut joiners: Vec<&str> = Vec::new();
+    for op in ops {
+        let user = match op {
+            WriteOp::Send(s) => &s.sender,
+            WriteOp::Join(j) => {
+                joiners.push(j.user.as_str());
+                &j.user
+            }
+            WriteOp::Leave(l) => &l.user,
+        };
+        if !cache.members.contains_key(user) || joiners.last() == Some(&user.as_str()) {
+            wanted.push(user.as_str());
+        }
+    }
+    wanted.sort_unstable();
+    wanted.dedup();
+    let mut exists = HashMap::new();
+    if wanted.is_empty() {
+        return Ok(exists);
+    }
+    let rows = tx.query_typed(LOOKUP_MEMBERS, &[(&conv.as_str(), Type::TEXT), (&wanted, Type::TEXT_ARRAY)]).await?;
+    for r in rows {
+        let Ok(user) = UserId::parse(r.get(0)) else { continue };
+        let user_exists: bool = r.get(1);
+        let member = r
+            .get::<_, Option<&str>>(2)
+            .map(|role| MemberState { role: role.parse().unwrap_or(Role::Member), mute_until: r.get(3) });
+        if user_exists {
+            cache.members.insert(user.clone(), member);
+        }
+        exists.insert(user, user_exists);
+    }
+    Ok(exists)
+}
+
+/// Rows and changes accumulated while the ops of a batch are checked in order.
+struct BatchBuilder {
+    next_seq: i64,
+    member_count: i32,
+    membership_changes: i64,
+    /// Request keys appended earlier in this batch: a second op with the same key is its replay.
+    appended_keys: HashMap<RequestKey, SendAckWithHash>,
+    events: Vec<Event>,
+    member_changes: Vec<MemberChange>,
+    now: DateTime<Utc>,
+    conv: ConvId,
+    dismissed: bool,
+    mute_all: bool,
+    join_mode: JoinMode,
+    max_member: i32,
+}
+
+enum MemberChange {
+    Open { user: UserId, seq: i64, role: Role },
+    Close { user: UserId, seq: i64 },
+}
+
+impl BatchBuilder {
+    fn new(conv: &ConvId, row: &ConvRow) -> Self {
+        Self {
+            next_seq: row.next_seq,
+            member_count: row.member_count,
+            membership_changes: 0,
+            appended_keys: HashMap::new(),
+            events: Vec::new(),
+            member_changes: Vec::new(),
+            now: row.now,
+            conv: conv.clone(),
+            dismissed: row.dismissed,
+            mute_all: row.mute_all,
+            join_mode: row.join_mode,
+            max_member: row.max_member,
+        }
+    }
+
+    fn append(&mut self, kind: EventKind) -> i64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.events.push(Event { conv_id: self.conv.clone(), seq, created_at: self.now, kind });
+        seq
+    }
+
+    /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → mute → permission → append.
+    fn send(&mut self, op: &SendOp, prior: &HashMap<RequestKey, Prior>, cache: &ConvCache) -> WriteOutcome {
+        let key = (op.sender.clone(), op.client_msg_id.clone());
+        let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
+        if let Some(earlier) = earlier {
+            return if earlier.hash == op.body.fingerprint() {
+                Ok(Written::Sent(SendAck { dup: true, ..earlier.ack.clone() }))
+            } else {
+                Err(Rejection::IdempotencyMismatch)
+            };
+        }
+        if prior.get(&key).is_some_and(|p| p.tombstone) {
+            return Err(Rejection::IdempotencyKeyExpired);
+        }
+        if self.dismissed {
+            return Err(Rejection::ConvDismissed);
+        }
+        let Some(Some(member)) = cache.members.get(&op.sender) else {
+            return Err(Rejection::NotMember);
+        };
+        if (self.mute_all && member.role == Role::Member) || member.mute_until.is_some_and(|t| t > self.now) {
+            return Err(Rejection::Muted);
+        }
+        if !member.role.can(self.join_mode, Permission::SendMsg) {
+            return Err(Rejection::Forbidden("your role may not send messages"));
+        }
+        if op.body.mention_all() && !member.role.can(self.join_mode, Permission::AtAll) {
+            return Err(Rejection::Forbidden("your role may not mention everyone"));
+        }
+        let message_id = Uuid::now_v7();
+        let seq = self.append(EventKind::Msg {
+            message_id,
+            sender: op.sender.clone(),
+            sender_device: op.device.clone(),
+            client_msg_id: op.client_msg_id.clone(),
+            body: Some(op.body.text().to_owned()),
+            recalled: false,
+        });
+        let ack = SendAck { seq, message_id, dup: false, created_at: self.now };
+        self.appended_keys.insert(key, SendAckWithHash { ack: ack.clone(), hash: op.body.fingerprint().to_vec() });
+        Ok(Written::Sent(ack))
+    }
+
+    fn join(&mut self, op: &JoinOp, exists: &HashMap<UserId, bool>, cache: &mut ConvCache) -> WriteOutcome {
+        if self.dismissed {
+            return Err(Rejection::ConvDismissed);
+        }
+        if !exists.get(&op.user).copied().unwrap_or(true) {
+            return Err(Rejection::NotFound("user"));
+        }
+        if matches!(cache.members.get(&op.user), Some(Some(_))) {
+            return Err(Rejection::AlreadyMember);
+        }
+        if self.member_count >= self.max_member {
+            return Err(Rejection::GroupFull);
+        }
+        let seq = self.append(EventKind::Join { subject: op.user.clone(), actor: op.actor.clone() });
+        cache.members.insert(op.user.clone(), Some(MemberState { role: op.role, mute_until: None }));
+        self.member_count += 1;
+        self.membership_changes += 1;
+        self.member_changes.push(MemberChange::Open { user: op.user.clone(), seq, role: op.role });
+        Ok(Written::Joined { seq })
+    }
+
+    fn leave(&mut self, op: &LeaveOp, cache: &mut ConvCache) -> WriteOutcome {
+        if !matches!(cache.members.get(&op.user), Some(Some(_))) {
+            return Err(Rejection::NotMember);
+        }
+        let seq =
+            self.append(EventKind::Leave { subject: op.user.clone(), actor: op.actor.clone(), reason: op.reason });
+        cache.members.insert(op.user.clone(), None);
+        self.member_count -= 1;
+        self.membership_changes += 1;
+        self.member_changes.push(MemberChange::Close { user: op.user.clone(), seq });
+        Ok(Written::Left { seq })
+    }
+
+    /// Writes what the batch accumulated: membership changes (in runs of one
+    /// kind, in op order), then every event and the conversation row at once.
+    async fn flush(
+        &self,
+        tx: &Transaction<'_>,
+        conv: &ConvId,
+        cache: &mut ConvCache,
+        row: &ConvRow,
+    ) -> Result<(), StoreError> {
+        if self.events.is_empty() {
+            return Ok(());
+        }
+        write_member_changes(tx, conv, &self.member_changes).await?;
+        let n = self.events.len();
+        let mut seqs = Vec::with_capacity(n);
+        let mut kinds = Vec::with_capacity(n);
+        let mut message_ids = Vec::with_capacity(n);
+        let mut senders = Vec::with_capacity(n);
+        let mut devices = Vec::with_capacity(n);
+        let mut keys = Vec::with_capacity(n);
+        let mut hashes: Vec<Option<&[u8]>> = Vec::with_capacity(n);
+        let mut bodies = Vec::with_capacity(n);
+        let mut subjects = Vec::with_capacity(n);
+        let mut actors = Vec::with_capacity(n);
+        let mut reasons = Vec::with_capacity(n);
+        for e in &self.events {
+            seqs.push(e.seq);
+            kinds.push(e.kind.name());
+            let (mut mid, mut snd, mut dev, mut key, mut hash, mut body, mut subj, mut act, mut reason) =
+                (None, None, None, None, None, None, None, None, None);
+            match &e.kind {
+                EventKind::Msg { message_id, sender, sender_device, client_msg_id, body: b, .. } => {
+                    mid = Some(*message_id);
+                    snd = Some(sender.as_str());
+                    dev = Some(sender_device.as_str());
+                    key = Some(client_msg_id.as_str());
+                    hash = self.appended_keys.get(&(sender.clone(), client_msg_id.clone())).map(|a| a.hash.as_slice());
+                    body = b.as_deref();
+                }
+                EventKind::Join { subject, actor } => {
+                    subj = Some(subject.as_str());
+                    act = Some(actor.as_str());
+                }
+                EventKind::Leave { subject, actor, reason: r } => {
+                    subj = Some(subject.as_str());
+                    act = Some(actor.as_str());
+                    reason = Some(r.as_str());
+                }
+                EventKind::Recall { .. } | EventKind::Group { .. } => {}
+            }
+            message_ids.push(mid);
+            senders.push(snd);
+            devices.push(dev);
+            keys.push(key);
+            hashes.push(hash);
+            bodies.push(body);
+            subjects.push(subj);
+            actors.push(act);
+            reasons.push(reason);
+        }
+        let version_bump = i64::from(self.membership_changes > 0);
+        tx.execute_typed(
+            APPEND_EVENTS,
+            &[
+                (&conv.as_str(), Type::TEXT),
+                (&seqs, Type::INT8_ARRAY),
+                (&kinds, Type::TEXT_ARRAY),
+                (&message_ids, Type::UUID_ARRAY),
+                (&senders, Type::TEXT_ARRAY),
+                (&devices, Type::TEXT_ARRAY),
+                (&keys, Type::TEXT_ARRAY),
+                (&hashes, Type::BYTEA_ARRAY),
+                (&bodies, Type::TEXT_ARRAY),
+                (&subjects, Type::TEXT_ARRAY),
+                (&actors, Type::TEXT_ARRAY),
+                (&reasons, Type::TEXT_ARRAY),
+                (&self.now, Type::TIMESTAMPTZ),
+                (&self.next_seq, Type::INT8),
+                (&version_bump, Type::INT8),
+                (&self.member_count, Type::INT4),
+            ],
+        )
+        .await?;
+        // The cache now describes the state this transaction commits.
+        cache.member_version = row.member_version + version_bump;
+        Ok(())
+    }
+}
+
+async fn write_member_changes(tx: &Transaction<'_>, conv: &ConvId, changes: &[MemberChange]) -> Result<(), StoreError> {
+    let mut rest = changes;
+    while let Some(first) = rest.first() {
+        let opening = matches!(first, MemberChange::Open { .. });
+        let run = rest.iter().take_while(|c| matches!(c, MemberChange::Open { .. }) == opening).count();
+        let (users, seqs, roles): (Vec<&str>, Vec<i64>, Vec<&str>) = rest[..run]
+            .iter()
+            .map(|c| match c {
+                MemberChange::Open { user, seq, role } => (user.as_str(), *seq, role.as_str()),
+                MemberChange::Close { user, seq } => (user.as_str(), *seq, ""),
+            })
+            .fold((vec![], vec![], vec![]), |(mut u, mut s, mut r), (a, b, c)| {
+                u.push(a);
+                s.push(b);
+                r.push(c);
+                (u, s, r)
+            });
+        let conv = conv.as_str();
+        if opening {
+            tx.execute_typed(
+                OPEN_PERIODS,
+                &[
+                    (&conv, Type::TEXT),
+                    (&users, Type::TEXT_ARRAY),
+                    (&seqs, Type::INT8_ARRAY),
+                    (&roles, Type::TEXT_ARRAY),
+                ],
+            )
+            .await?;
+        } else {
+            tx.execute_typed(
+                CLOSE_PERIODS,
+                &[(&conv, Type::TEXT), (&users, Type::TEXT_ARRAY), (&seqs, Type::INT8_ARRAY)],
+            )
+            .await?;
+        }
+        rest = &rest[run..];
+    }
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! Further persistence rules of the store (issue: faults, P3 in the database,
+//! epochs, truncation, refusals that change nothing).
+
+use imcore::domain::{Body, BodyError, Rejection};
+use imcore::store::{CreateConversation, GroupSettings, StoreError, SyncRequest};
+use imcore_actors::{ClientMsgId, ConvId, UserId};
+use serde_json::json;
+
+use crate::env::{cid, text, uid, Env, Path, WriteErr};
+use crate::evidence::record;
+
+const SUITE: &str = "im-04";
+
+async fn group(env: &Env, id: &str, members: &[&str]) -> ConvId {
+    env.users(&["u-ana", "u-ben", "u-cai"]).await;
+    env.store()
+        .create_conversation(&CreateConversation::Group {
+            creator: uid("u-ana"),
+            conv_id: Some(cid(id)),
+            name: id.into(),
+            members: members.iter().map(|m| uid(m)).collect(),
+            settings: GroupSettings::default(),
+        })
+        .await
+        .expect("create group")
+        .info
+        .conv_id
+}
+
+/// A deferred constraint trigger fails the transaction at COMMIT — after the
+/// events INSERT and the next_seq UPDATE ran — for a body carrying "FAULT".
+const INJECT_COMMIT_FAULT: &str = "
+CREATE FUNCTION fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.body LIKE '%FAULT%' THEN RAISE EXCEPTION 'injected fault at commit'; END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER fail_at_commit AFTER INSERT ON events
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_at_commit();";
+
+async fn rollback_between_insert_and_commit(path: Path) {
+    let env = Env::new(path).await;
+    let conv = group(&env, "g-fault", &["u-ben"]).await;
+    env.send(&conv, "u-ana", "m1", text("fine")).await.expect("send");
+    env.db.client().await.batch_execute(INJECT_COMMIT_FAULT).await.expect("inject fault");
+    let before = env.log_stats(&conv).await;
+    let faulted = env.send(&conv, "u-ana", "m2", text("FAULT")).await;
+    let after_fault = env.log_stats(&conv).await;
+    let next = env.send(&conv, "u-ana", "m3", text("after")).await.expect("send after fault");
+    let (count, _, max, next_seq) = env.log_stats(&conv).await;
+    let pass = matches!(faulted, Err(WriteErr::Failed(_)))
+        && after_fault == before
+        && next.seq == before.2 + 1
+        && count == max
+        && next_seq == max + 1;
+    record(
+        SUITE,
+        "04-rollback-between-insert-and-commit",
+        path.name(),
+        "a fault after the insert, at commit: the send fails, next_seq and the log are unchanged, the next send takes the next seq (no hole)",
+        json!({"faulted": format!("{faulted:?}"), "before": before, "after_fault": after_fault, "next_seq_acked": next.seq,
+               "final": {"count": count, "max": max, "next_seq": next_seq}}),
+        pass,
+    );
+    assert!(pass);
+}
+
+async fn p3_overlap_rejected_by_the_database(path: Path) {
+    let env = Env::new(path).await;
+    let conv = group(&env, "g-p3", &["u-ben"]).await;
+    let c = env.db.client().await;
+    c.batch_execute(&format!("UPDATE conversations SET next_seq = 20 WHERE conv_id = '{conv}'")).await.expect("room");
+    // u-ben has an open period from 2. A second open one, and a closed one overlapping it:
+    let second_open = c
+        .execute(
+            "INSERT INTO membership_periods (conv_id, user_id, from_seq) VALUES ($1, 'u-ben', 5)",
+            &[&conv.as_str()],
+        )
+        .await;
+    let overlapping = c
+        .execute(
+            "INSERT INTO membership_periods (conv_id, user_id, from_seq, to_seq) VALUES ($1, 'u-ben', 1, 3)",
+            &[&conv.as_str()],
+        )
+        .await;
+    // Closed periods too: close ben's at 4, then try [3, 6].
+    c.execute("UPDATE membership_periods SET to_seq = 4 WHERE conv_id = $1 AND user_id = 'u-ben'", &[&conv.as_str()])
+        .await
+        .expect("close");
+    let closed_overlap = c
+        .execute(
+            "INSERT INTO membership_periods (conv_id, user_id, from_seq, to_seq) VALUES ($1, 'u-ben', 3, 6)",
+            &[&conv.as_str()],
+        )
+        .await;
+    let state =
+        |r: &Result<u64, tokio_postgres::Error>| r.as_ref().err().and_then(|e| e.code()).map(|c| c.code().to_owned());
+    // Two open periods always overlap too, so either constraint may be the one to refuse.
+    let pass = matches!(state(&second_open).as_deref(), Some("23505" | "23P01"))
+        && state(&overlapping).as_deref() == Some("23P01")
+        && state(&closed_overlap).as_deref() == Some("23P01");
+    record(
+        SUITE,
+        "p3-overlap-rejected-by-database",
+        path.name(),
+        "a second open period is refused (partial unique index 23505 or exclusion 23P01); overlapping periods fail the exclusion constraint (23P01)",
+        json!({"second_open": state(&second_open), "overlapping_open": state(&overlapping), "overlapping_closed": state(&closed_overlap)}),
+        pass,
+    );
+    assert!(pass);
+}
+
+async fn epoch_mismatch(path: Path) {
+    let env = Env::new(path).await;
+    let conv = group(&env, "g-epoch", &["u-ben"]).await;
+    let epoch = env.store().bump_epoch(&conv).await.expect("bump");
+    let mut req = SyncRequest::forward(conv.clone(), uid("u-ben"), 0);
+    req.epoch = Some(1);
+    let stale = env.store().sync(&req).await.map(|p| p.head);
+    req.epoch = Some(epoch);
+    let current = env.store().sync(&req).await.map(|p| p.epoch);
+    let pass = matches!(stale, Err(StoreError::Rejected(Rejection::EpochChanged { epoch: 2, min_seq: 1 })))
+        && matches!(current, Ok(2));
+    record(
+        SUITE,
+        "04-epoch-mismatch",
+        path.name(),
+        "after an epoch bump, sync with the old epoch gets EPOCH_CHANGED (epoch 2, min_seq 1); with the new one it succeeds",
+        json!({"new_epoch": epoch, "old_epoch_sync": format!("{stale:?}"), "new_epoch_sync": format!("{current:?}")}),
+        pass,
+    );
+    assert!(pass);
+}
+
+async fn after_seq_below_min_seq_is_truncated(path: Path) {
+    let env = Env::new(path).await;
+    let conv = group(&env, "g-trunc", &["u-ben"]).await;
+    for i in 0..8 {
+        env.send(&conv, "u-ana", &format!("m{i}"), text("x")).await.expect("send");
+    }
+    // Stand-in for a retention purge: everything below seq 6 is gone.
+    env.db
+        .client()
+        .await
+        .batch_execute(&format!(
+            "DELETE FROM events WHERE conv_id = '{conv}' AND seq < 6; UPDATE conversations SET min_seq = 6 WHERE conv_id = '{conv}'"
+        ))
+        .await
+        .expect("purge");
+    let page = env.sync(&conv, "u-ben", 0).await.expect("sync");
+    let at_edge = env.sync(&conv, "u-ben", 5).await.expect("sync");
+    let first = page.events.first().map(|e| e.seq);
+    let pass = page.truncated && first == Some(6) && page.min_seq == 6 && !at_edge.truncated;
+    record(
+        SUITE,
+        "04-after-seq-below-min-seq-truncated",
+        path.name(),
+        "after_seq < min_seq - 1 starts at min_seq with truncated:true; after_seq = min_seq - 1 is not truncated",
+        json!({"min_seq": page.min_seq, "truncated": page.truncated, "first_seq": first, "at_edge_truncated": at_edge.truncated}),
+        pass,
+    );
+    assert!(pass);
+}
+
+async fn every_refused_send_leaves_head_unchanged(path: Path) {
+    let env = Env::new(path).await;
+    let conv = group(&env, "g-refuse", &["u-ben"]).await;
+    env.send(&conv, "u-ana", "m1", text("hi")).await.expect("send");
+    let c = env.db.client().await;
+    let mut observed = vec![];
+    let mut pass = true;
+    let mut expect =
+        |what: &str, got: Result<imcore::store::SendAck, WriteErr>, want: Rejection, head: i64, before: i64| {
+            let ok = matches!(&got, Err(WriteErr::Rejected(r)) if *r == want) && head == before;
+            observed
+                .push(json!({"case": what, "answer": format!("{got:?}"), "head_before": before, "head_after": head}));
+            pass &= ok;
+        };
+    let h = env.head(&conv).await;
+    let got = env.send(&conv, "u-cai", "c1", text("x")).await;
+    expect("non-member", got, Rejection::NotMember, env.head(&conv).await, h);
+    let got = env.send(&conv, "u-ana", "m1", text("other body")).await;
+    expect("fingerprint mismatch", got, Rejection::IdempotencyMismatch, env.head(&conv).await, h);
+    let got = env.send(&cid("g-nowhere"), "u-ana", "m9", text("x")).await;
+    expect("unknown conversation", got, Rejection::NotMember, env.head(&conv).await, h);
+    c.execute(
+        "UPDATE members SET mute_until = now() + interval '1 hour' WHERE conv_id = $1 AND user_id = 'u-ben'",
+        &[&conv.as_str()],
+    )
+    .await
+    .expect("mute ben");
+    c.execute("UPDATE conversations SET member_version = member_version + 1 WHERE conv_id = $1", &[&conv.as_str()])
+        .await
+        .expect("version");
+    let got = env.send(&conv, "u-ben", "b1", text("x")).await;
+    expect("muted member", got, Rejection::Muted, env.head(&conv).await, h);
+    c.execute("UPDATE conversations SET mute_all = true WHERE conv_id = $1", &[&conv.as_str()])
+        .await
+        .expect("mute all");
+    c.execute("UPDATE members SET mute_until = NULL WHERE conv_id = $1", &[&conv.as_str()]).await.expect("unmute");
+    c.execute("UPDATE conversations SET member_version = member_version + 1 WHERE conv_id = $1", &[&conv.as_str()])
+        .await
+        .expect("version");
+    let got = env.send(&conv, "u-ben", "b2", text("x")).await;
+    expect("mute_all, plain member", got, Rejection::Muted, env.head(&conv).await, h);
+    let mention = Body::parse(&json!({"type": "text", "text": "@all", "mention_all": true}), 1024).expect("body");
+    c.execute("UPDATE conversations SET mute_all = false WHERE conv_id = $1", &[&conv.as_str()])
+        .await
+        .expect("unmute all");
+    let got = env.send(&conv, "u-ben", "b3", mention).await;
+    expect(
+        "mention_all without AT_ALL",
+        got,
+        Rejection::Forbidden("your role may not mention everyone"),
+        env.head(&conv).await,
+        h,
+    );
+    c.execute("UPDATE conversations SET status = 'dismissed' WHERE conv_id = $1", &[&conv.as_str()])
+        .await
+        .expect("dismiss");
+    let got = env.send(&conv, "u-ana", "m2", text("x")).await;
+    expect("dismissed group", got, Rejection::ConvDismissed, env.head(&conv).await, h);
+    // A replay still gets its original answer after dismissal (replay is checked first).
+    let replay = env.send(&conv, "u-ana", "m1", text("hi")).await;
+    let replay_ok = matches!(&replay, Ok(a) if a.dup && a.seq == 3);
+    pass &= replay_ok;
+    observed.push(json!({"case": "replay after dismissal", "answer": format!("{replay:?}")}));
+    record(
+        SUITE,
+        "04-refused-sends-leave-head-unchanged",
+        path.name(),
+        "every refused send (non-member, mismatch, unknown conversation, muted, mute_all, AT_ALL, dismissed) leaves head unchanged; a replay keeps its original answer",
+        json!(observed),
+        pass,
+    );
+    assert!(pass);
+}
+
+/// Ids and bodies outside their forms never become values the store accepts:
+/// they are refused while parsing, before any database work.
+#[test]
+fn invalid_ids_and_bodies_are_refused_before_the_database() {
+    let bad_ids = ["", "a b", "x/y", "ü", &"x".repeat(65)];
+    let ids_refused = bad_ids
+        .iter()
+        .all(|s| UserId::parse(s).is_err() && ConvId::parse(s).is_err() && ClientMsgId::parse(s).is_err());
+    let big = json!({"type": "text", "text": "x".repeat(16 * 1024)});
+    let too_large = Body::parse(&big, 16 * 1024);
+    let pass = ids_refused && matches!(too_large, Err(BodyError::TooLarge { .. }));
+    record(
+        SUITE,
+        "04-invalid-input-refused-before-database",
+        "parse",
+        "ids outside 1-64 chars of [A-Za-z0-9._:@-] and bodies over 16 KiB are refused at parse time (BAD_REQUEST / PAYLOAD_TOO_LARGE)",
+        json!({"bad_ids": bad_ids, "ids_refused": ids_refused, "oversized_body": format!("{too_large:?}")}),
+        pass,
+    );
+    assert!(pass);
+}
+
+macro_rules! rules_on {
+    ($module:ident, $path:expr, [$($check:ident),* $(,)?]) => {
+        mod $module {
+            $(
+                #[actix_web::test]
+                async fn $check() {
+                    super::$check($path).await
+                }
+            )*
+        }
+    };
+}
+
+rules_on!(
+    direct,
+    super::Path::Direct,
+    [
+        rollback_between_insert_and_commit,
+        p3_overlap_rejected_by_the_database,
+        epoch_mismatch,
+        after_seq_below_min_seq_is_truncated,
+        every_refused_send_leaves_head_unchanged,
+    ]
+);
