@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use imcore_actors::conversation::ActorConfig;
 
 use crate::domain::DEFAULT_MAX_BODY_BYTES;
 
@@ -48,6 +49,22 @@ pub struct Config {
     #[arg(long, env = "IMCORE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
+    /// Most ops a conversation actor commits in one transaction.
+    #[arg(long, env = "IMCORE_MAX_BATCH", default_value_t = 1024)]
+    pub max_batch: usize,
+
+    /// Ops queued per conversation behind the batch in flight; past it, `OVERLOADED`.
+    #[arg(long, env = "IMCORE_MAX_QUEUE", default_value_t = 8192)]
+    pub max_queue: usize,
+
+    /// A conversation actor idle this long (ms) stops; the next write starts a new one.
+    #[arg(long, env = "IMCORE_ACTOR_IDLE_MS", default_value_t = 60_000)]
+    pub actor_idle_ms: u64,
+
+    /// Threads conversation actors run on.
+    #[arg(long, env = "IMCORE_ARBITERS", default_value_t = default_arbiters())]
+    pub arbiters: usize,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "IMCORE_LOG", default_value = "info")]
     pub log: String,
@@ -64,9 +81,26 @@ impl Config {
             pool_size: 16,
             write_path: WritePath::Actor,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_batch: 1024,
+            max_queue: 8192,
+            actor_idle_ms: 60_000,
+            arbiters: default_arbiters(),
             log: "warn".into(),
         }
     }
+
+    pub fn actor_config(&self) -> ActorConfig {
+        ActorConfig {
+            max_batch: self.max_batch,
+            max_queue: self.max_queue,
+            idle_timeout: Duration::from_millis(self.actor_idle_ms),
+            ..ActorConfig::default()
+        }
+    }
+}
+
+fn default_arbiters() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// How long graceful shutdown waits for in-flight work.

@@ -21,9 +21,12 @@
 //! unique index; joins and leaves are events sharing the seq space.
 
 pub mod config;
+pub mod delivery;
 pub mod domain;
 pub mod gateway;
 pub mod pg;
+pub mod protocol;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod writer;

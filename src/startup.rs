@@ -14,9 +14,11 @@ use actix_web::{web, App, HttpServer};
 use rand::RngCore;
 
 use crate::config::{Config, SHUTDOWN_GRACE};
+use crate::delivery::{Delivery, Routes};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
 use crate::store::{Store, StoreError};
+use crate::writer::Writer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -53,7 +55,10 @@ impl Application {
         };
         let listener = TcpListener::bind(config.listen).map_err(|e| StartupError::Io("bind listener", e))?;
         let port = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?.port();
-        let state = web::Data::new(AppState { store, admin_token, config: Arc::new(config) });
+        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
+        let writer =
+            Writer::new(config.write_path, store.clone(), delivery.clone(), config.actor_config(), config.arbiters);
+        let state = web::Data::new(AppState { store, writer, delivery, admin_token, config: Arc::new(config) });
         let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(gateway::routes))
             .listen(listener)
             .map_err(|e| StartupError::Io("listen", e))?

@@ -8,11 +8,16 @@ use std::sync::Arc;
 use actix_web::web;
 
 use crate::config::Config;
+use crate::delivery::Delivery;
 use crate::store::Store;
+use crate::writer::Writer;
 
 /// Shared by every worker.
 pub struct AppState {
     pub store: Store,
+    pub writer: Writer,
+    /// Owns the route registry (`delivery.routes()`).
+    pub delivery: Arc<Delivery>,
     pub admin_token: String,
     pub config: Arc<Config>,
 }

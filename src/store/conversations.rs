@@ -191,7 +191,7 @@ impl Store {
         Ok(CreatedConversation {
             info: self.get_conversation(&conv_id, creator).await?,
             created: true,
-            events: written.events,
+            events: written.appended.events,
         })
     }
 

@@ -8,6 +8,7 @@
 mod accounts;
 mod conversations;
 mod migrate;
+mod port;
 mod sync;
 mod write;
 
@@ -23,7 +24,10 @@ pub use accounts::{DeviceToken, TokenOwner};
 pub use conversations::{ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use sync::{SyncPage, SyncRequest, SYNC_FORWARD, SYNC_MAX_LIMIT};
-pub use write::{ConvCache, JoinOp, LeaveOp, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch};
+pub use write::{
+    Appended, ConvCache, JoinOp, LeaveOp, MemberMap, MemberState, SendAck, SendOp, WriteOp, WriteOutcome, Written,
+    WrittenBatch,
+};
 
 pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
 

@@ -5,7 +5,8 @@
 //! batch; member rows only for users the cache lacks; membership changes, if
 //! any; one multi-row INSERT with the `next_seq` UPDATE; COMMIT.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
@@ -14,7 +15,7 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::domain::{Body, Event, EventKind, JoinMode, LeaveReason, Permission, Rejection, Role};
+use crate::domain::{Body, DeliveryMode, Event, EventKind, JoinMode, LeaveReason, Permission, Rejection, Role};
 
 /// One write request against one conversation.
 #[derive(Debug, Clone)]
@@ -64,29 +65,61 @@ pub enum Written {
 
 pub type WriteOutcome = Result<Written, Rejection>;
 
-/// A committed batch: one outcome per op, and the events it appended.
+/// A committed batch: one outcome per op, and what it appended.
 #[derive(Debug)]
 pub struct WrittenBatch {
     pub outcomes: Vec<WriteOutcome>,
+    pub appended: Appended,
+}
+
+/// What a committed batch appended, for delivery.
+#[derive(Debug)]
+pub struct Appended {
+    pub conv_id: ConvId,
+    /// Ascending seq.
     pub events: Vec<Event>,
     /// The conversation's head after the batch.
     pub head: i64,
+    /// The complete member map before the batch (actor path; `None` on the
+    /// direct path): replaying the batch's join/leave events on it gives who
+    /// sees each event.
+    pub members_before: Option<Arc<MemberMap>>,
+    pub delivery_mode: DeliveryMode,
 }
 
-/// What a conversation actor keeps between batches: member attributes, valid
+/// Current members and their attributes.
+pub type MemberMap = HashMap<UserId, MemberState>;
+
+/// What a conversation actor keeps between batches: the whole member map, valid
 /// while `member_version` matches the locked row (every membership, role or
-/// mute change bumps it). A stale or empty cache costs a lookup, never a wrong answer.
-#[derive(Debug, Default)]
+/// mute change bumps it). A stale or empty cache costs a reload inside the same
+/// transaction, never a wrong answer. The `direct` path keeps nothing and looks
+/// up only the users its op names.
+#[derive(Debug, Clone)]
 pub struct ConvCache {
-    member_version: i64,
-    /// `None`: known not to be a current member.
-    members: HashMap<UserId, Option<MemberState>>,
+    complete: bool,
+    member_version: Option<i64>,
+    members: Arc<MemberMap>,
+}
+
+impl Default for ConvCache {
+    /// The actor path's cache: the complete member map, loaded on first use.
+    fn default() -> Self {
+        Self { complete: true, member_version: None, members: Arc::default() }
+    }
+}
+
+impl ConvCache {
+    /// No cache: each transaction looks up just the users it needs.
+    pub fn per_op() -> Self {
+        Self { complete: false, ..Self::default() }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct MemberState {
-    role: Role,
-    mute_until: Option<DateTime<Utc>>,
+pub struct MemberState {
+    pub role: Role,
+    pub mute_until: Option<DateTime<Utc>>,
 }
 
 /// The locked conversation row.
@@ -98,13 +131,14 @@ struct ConvRow {
     max_member: i32,
     mute_all: bool,
     join_mode: JoinMode,
+    delivery_mode: DeliveryMode,
     /// Transaction time, in ms: the `created_at` of everything the batch appends.
     now: DateTime<Utc>,
 }
 
 const LOCK_CONVERSATION: &str = "
 SELECT status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, join_mode,
-       date_trunc('milliseconds', now())
+       delivery_mode, date_trunc('milliseconds', now())
   FROM conversations WHERE conv_id = $1 FOR UPDATE";
 
 /// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
@@ -118,11 +152,12 @@ SELECT k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_ha
                       WHERE conv_id = $1 AND sender_user = k.u AND client_msg_id = k.c) t ON true
  WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
 
+const LOAD_MEMBERS: &str = "SELECT user_id, role, mute_until FROM members WHERE conv_id = $1";
+
 const LOOKUP_MEMBERS: &str = "
-SELECT q.uid, u.user_id IS NOT NULL, m.role, m.mute_until
-  FROM unnest($2::text[]) AS q(uid)
-  LEFT JOIN users u ON u.user_id = q.uid
-  LEFT JOIN members m ON m.conv_id = $1 AND m.user_id = q.uid";
+SELECT user_id, role, mute_until FROM members WHERE conv_id = $1 AND user_id = ANY($2::text[])";
+
+const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::text[])";
 
 const APPEND_EVENTS: &str = "
 WITH appended AS (
@@ -164,19 +199,19 @@ impl Store {
         Ok((written, cache))
     }
 
-    /// The `direct` write path: one op, one transaction, no cache.
-    pub async fn write(&self, conv: &ConvId, op: WriteOp) -> Result<Written, StoreError> {
-        let (mut batch, _) = self.write_batch(conv, ConvCache::default(), std::slice::from_ref(&op)).await?;
-        match batch.outcomes.pop() {
-            Some(outcome) => Ok(outcome?),
-            None => unreachable_outcome(),
-        }
+    /// The current members of a conversation.
+    pub async fn member_map(&self, conv: &ConvId) -> Result<MemberMap, StoreError> {
+        let conn = self.pool.get().await?;
+        let rows = conn.query_typed(LOAD_MEMBERS, &[(&conv.as_str(), Type::TEXT)]).await?;
+        Ok(member_rows(&rows))
     }
-}
 
-#[cold]
-fn unreachable_outcome() -> Result<Written, StoreError> {
-    Err(StoreError::Config("write batch returned no outcome".into()))
+    /// The `direct` write path: one op, one transaction, no cache.
+    pub async fn write(&self, conv: &ConvId, op: WriteOp) -> Result<(Written, WrittenBatch), StoreError> {
+        let (mut batch, _) = self.write_batch(conv, ConvCache::per_op(), std::slice::from_ref(&op)).await?;
+        let outcome = batch.outcomes.pop().unwrap_or(Err(Rejection::NotMember));
+        Ok((outcome?, batch))
+    }
 }
 
 /// Applies `ops` inside `tx`, which the caller commits. Checks run in the order
@@ -189,31 +224,44 @@ pub(super) async fn apply_ops(
 ) -> Result<WrittenBatch, StoreError> {
     let Some(row) = lock_conversation(tx, conv).await? else {
         // No existence leak: an unknown conversation answers like a non-member.
-        return Ok(WrittenBatch {
-            outcomes: ops.iter().map(|_| Err(Rejection::NotMember)).collect(),
+        let outcomes = ops.iter().map(|_| Err(Rejection::NotMember)).collect();
+        let appended = Appended {
+            conv_id: conv.clone(),
             events: vec![],
             head: 0,
-        });
+            members_before: None,
+            delivery_mode: DeliveryMode::Push,
+        };
+        return Ok(WrittenBatch { outcomes, appended });
     };
-    if cache.member_version != row.member_version {
-        cache.members.clear();
-        cache.member_version = row.member_version;
+    if !cache.complete || cache.member_version != Some(row.member_version) {
+        cache.members = Arc::new(load_members(tx, conv, ops, cache.complete).await?);
+        cache.member_version = Some(row.member_version);
     }
     let prior = lookup_request_keys(tx, conv, ops).await?;
-    let users = load_members(tx, conv, cache, ops).await?;
+    let known_users = lookup_joiners(tx, ops).await?;
+    let members_before = cache.complete.then(|| cache.members.clone());
 
     let mut b = BatchBuilder::new(conv, &row);
     let mut outcomes = Vec::with_capacity(ops.len());
     for op in ops {
         let outcome = match op {
-            WriteOp::Send(s) => b.send(s, &prior, cache),
-            WriteOp::Join(j) => b.join(j, &users, cache),
-            WriteOp::Leave(l) => b.leave(l, cache),
+            WriteOp::Send(s) => b.send(s, &prior, &cache.members),
+            WriteOp::Join(j) => b.join(j, &known_users, Arc::make_mut(&mut cache.members)),
+            WriteOp::Leave(l) => b.leave(l, Arc::make_mut(&mut cache.members)),
         };
         outcomes.push(outcome);
     }
-    b.flush(tx, conv, cache, &row).await?;
-    Ok(WrittenBatch { outcomes, head: b.next_seq - 1, events: b.events })
+    let version = b.flush(tx, conv, &row).await?;
+    cache.member_version = Some(version);
+    let appended = Appended {
+        conv_id: conv.clone(),
+        head: b.next_seq - 1,
+        events: b.events,
+        members_before,
+        delivery_mode: row.delivery_mode,
+    };
+    Ok(WrittenBatch { outcomes, appended })
 }
 
 async fn lock_conversation(tx: &Transaction<'_>, conv: &ConvId) -> Result<Option<ConvRow>, StoreError> {
@@ -228,7 +276,8 @@ async fn lock_conversation(tx: &Transaction<'_>, conv: &ConvId) -> Result<Option
         max_member: r.get(4),
         mute_all: r.get(5),
         join_mode: r.get::<_, &str>(6).parse().unwrap_or(JoinMode::Invite),
-        now: r.get(7),
+        delivery_mode: r.get::<_, &str>(7).parse().unwrap_or(DeliveryMode::Push),
+        now: r.get(8),
     }))
 }
 
@@ -279,48 +328,59 @@ async fn lookup_request_keys(
     Ok(prior)
 }
 
-/// Fills the cache for every user the batch needs and the cache lacks. Returns
-/// the users that exist (joins of unknown users are refused).
+/// The current members: all of them (`complete`), or just the users `ops` name.
 async fn load_members(
     tx: &Transaction<'_>,
     conv: &ConvId,
-    cache: &mut ConvCache,
     ops: &[WriteOp],
-) -> Result<HashMap<UserId, bool>, StoreError> {
-    let mut wanted: Vec<&str> = Vec::new();
-    let mut joiners: Vec<&str> = Vec::new();
-    for op in ops {
-        let user = match op {
+    complete: bool,
+) -> Result<MemberMap, StoreError> {
+    let rows = if complete {
+        tx.query_typed(LOAD_MEMBERS, &[(&conv.as_str(), Type::TEXT)]).await?
+    } else {
+        let mut users: Vec<&str> = ops.iter().map(|op| op.user().as_str()).collect();
+        users.sort_unstable();
+        users.dedup();
+        tx.query_typed(LOOKUP_MEMBERS, &[(&conv.as_str(), Type::TEXT), (&users, Type::TEXT_ARRAY)]).await?
+    };
+    Ok(member_rows(&rows))
+}
+
+fn member_rows(rows: &[tokio_postgres::Row]) -> MemberMap {
+    rows.iter()
+        .filter_map(|r| {
+            let user = UserId::parse(r.get(0)).ok()?;
+            let role = r.get::<_, &str>(1).parse().unwrap_or(Role::Member);
+            Some((user, MemberState { role, mute_until: r.get(2) }))
+        })
+        .collect()
+}
+
+/// Which of the users that `ops` want to add exist (a join of an unknown user is `NOT_FOUND`).
+async fn lookup_joiners(tx: &Transaction<'_>, ops: &[WriteOp]) -> Result<HashSet<UserId>, StoreError> {
+    let joiners: Vec<&str> = ops
+        .iter()
+        .filter_map(|op| match op {
+            WriteOp::Join(j) => Some(j.user.as_str()),
+            _ => None,
+        })
+        .collect();
+    if joiners.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let rows = tx.query_typed(LOOKUP_USERS, &[(&joiners, Type::TEXT_ARRAY)]).await?;
+    Ok(rows.iter().filter_map(|r| UserId::parse(r.get(0)).ok()).collect())
+}
+
+impl WriteOp {
+    /// The user whose membership the op checks or changes.
+    fn user(&self) -> &UserId {
+        match self {
             WriteOp::Send(s) => &s.sender,
-            WriteOp::Join(j) => {
-                joiners.push(j.user.as_str());
-                &j.user
-            }
+            WriteOp::Join(j) => &j.user,
             WriteOp::Leave(l) => &l.user,
-        };
-        if !cache.members.contains_key(user) || joiners.last() == Some(&user.as_str()) {
-            wanted.push(user.as_str());
         }
     }
-    wanted.sort_unstable();
-    wanted.dedup();
-    let mut exists = HashMap::new();
-    if wanted.is_empty() {
-        return Ok(exists);
-    }
-    let rows = tx.query_typed(LOOKUP_MEMBERS, &[(&conv.as_str(), Type::TEXT), (&wanted, Type::TEXT_ARRAY)]).await?;
-    for r in rows {
-        let Ok(user) = UserId::parse(r.get(0)) else { continue };
-        let user_exists: bool = r.get(1);
-        let member = r
-            .get::<_, Option<&str>>(2)
-            .map(|role| MemberState { role: role.parse().unwrap_or(Role::Member), mute_until: r.get(3) });
-        if user_exists {
-            cache.members.insert(user.clone(), member);
-        }
-        exists.insert(user, user_exists);
-    }
-    Ok(exists)
 }
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.
@@ -371,7 +431,7 @@ impl BatchBuilder {
     }
 
     /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → mute → permission → append.
-    fn send(&mut self, op: &SendOp, prior: &HashMap<RequestKey, Prior>, cache: &ConvCache) -> WriteOutcome {
+    fn send(&mut self, op: &SendOp, prior: &HashMap<RequestKey, Prior>, members: &MemberMap) -> WriteOutcome {
         let key = (op.sender.clone(), op.client_msg_id.clone());
         let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
         if let Some(earlier) = earlier {
@@ -387,7 +447,7 @@ impl BatchBuilder {
         if self.dismissed {
             return Err(Rejection::ConvDismissed);
         }
-        let Some(Some(member)) = cache.members.get(&op.sender) else {
+        let Some(member) = members.get(&op.sender) else {
             return Err(Rejection::NotMember);
         };
         if (self.mute_all && member.role == Role::Member) || member.mute_until.is_some_and(|t| t > self.now) {
@@ -413,34 +473,34 @@ impl BatchBuilder {
         Ok(Written::Sent(ack))
     }
 
-    fn join(&mut self, op: &JoinOp, exists: &HashMap<UserId, bool>, cache: &mut ConvCache) -> WriteOutcome {
+    fn join(&mut self, op: &JoinOp, known_users: &HashSet<UserId>, members: &mut MemberMap) -> WriteOutcome {
         if self.dismissed {
             return Err(Rejection::ConvDismissed);
         }
-        if !exists.get(&op.user).copied().unwrap_or(true) {
+        if !known_users.contains(&op.user) {
             return Err(Rejection::NotFound("user"));
         }
-        if matches!(cache.members.get(&op.user), Some(Some(_))) {
+        if members.contains_key(&op.user) {
             return Err(Rejection::AlreadyMember);
         }
         if self.member_count >= self.max_member {
             return Err(Rejection::GroupFull);
         }
         let seq = self.append(EventKind::Join { subject: op.user.clone(), actor: op.actor.clone() });
-        cache.members.insert(op.user.clone(), Some(MemberState { role: op.role, mute_until: None }));
+        members.insert(op.user.clone(), MemberState { role: op.role, mute_until: None });
         self.member_count += 1;
         self.membership_changes += 1;
         self.member_changes.push(MemberChange::Open { user: op.user.clone(), seq, role: op.role });
         Ok(Written::Joined { seq })
     }
 
-    fn leave(&mut self, op: &LeaveOp, cache: &mut ConvCache) -> WriteOutcome {
-        if !matches!(cache.members.get(&op.user), Some(Some(_))) {
+    fn leave(&mut self, op: &LeaveOp, members: &mut MemberMap) -> WriteOutcome {
+        if !members.contains_key(&op.user) {
             return Err(Rejection::NotMember);
         }
         let seq =
             self.append(EventKind::Leave { subject: op.user.clone(), actor: op.actor.clone(), reason: op.reason });
-        cache.members.insert(op.user.clone(), None);
+        members.remove(&op.user);
         self.member_count -= 1;
         self.membership_changes += 1;
         self.member_changes.push(MemberChange::Close { user: op.user.clone(), seq });
@@ -449,15 +509,10 @@ impl BatchBuilder {
 
     /// Writes what the batch accumulated: membership changes (in runs of one
     /// kind, in op order), then every event and the conversation row at once.
-    async fn flush(
-        &self,
-        tx: &Transaction<'_>,
-        conv: &ConvId,
-        cache: &mut ConvCache,
-        row: &ConvRow,
-    ) -> Result<(), StoreError> {
+    /// Returns the `member_version` the transaction commits.
+    async fn flush(&self, tx: &Transaction<'_>, conv: &ConvId, row: &ConvRow) -> Result<i64, StoreError> {
         if self.events.is_empty() {
-            return Ok(());
+            return Ok(row.member_version);
         }
         write_member_changes(tx, conv, &self.member_changes).await?;
         let n = self.events.len();
@@ -530,9 +585,7 @@ impl BatchBuilder {
             ],
         )
         .await?;
-        // The cache now describes the state this transaction commits.
-        cache.member_version = row.member_version + version_bump;
-        Ok(())
+        Ok(row.member_version + version_bump)
     }
 }
 

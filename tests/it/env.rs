@@ -1,20 +1,27 @@
 //! What a check runs against: a fresh database and one write path.
 
+use std::sync::Arc;
+
+use imcore::delivery::{Delivery, Routes};
 use imcore::domain::{Body, Rejection};
 use imcore::store::{SendAck, SendOp, Store, StoreError, SyncPage, SyncRequest, WriteOp, Written};
+use imcore::writer::{WriteFailure, Writer};
+use imcore_actors::conversation::ActorConfig;
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use serde_json::json;
 
 use crate::harness::TestDb;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
-    Direct,
+pub use imcore::config::WritePath as Path;
+
+pub trait PathName {
+    fn name(self) -> &'static str;
 }
 
-impl Path {
-    pub fn name(self) -> &'static str {
+impl PathName for Path {
+    fn name(self) -> &'static str {
         match self {
+            Path::Actor => "actor",
             Path::Direct => "direct",
         }
     }
@@ -30,7 +37,7 @@ pub enum WriteErr {
 
 pub struct Env {
     pub db: TestDb,
-    pub path: Path,
+    pub writer: Writer,
 }
 
 pub fn uid(s: &str) -> UserId {
@@ -60,7 +67,10 @@ impl Env {
     }
 
     pub async fn with_pool(path: Path, pool: u32) -> Self {
-        Self { db: TestDb::with_pool(pool).await, path }
+        let db = TestDb::with_pool(pool).await;
+        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), db.store.clone()));
+        let writer = Writer::new(path, db.store.clone(), delivery, ActorConfig::default(), 2);
+        Self { db, writer }
     }
 
     pub fn store(&self) -> &Store {
@@ -68,12 +78,10 @@ impl Env {
     }
 
     pub async fn write(&self, conv: &ConvId, op: WriteOp) -> Result<Written, WriteErr> {
-        match self.path {
-            Path::Direct => self.store().write(conv, op).await.map_err(|e| match e {
-                StoreError::Rejected(r) => WriteErr::Rejected(r),
-                other => WriteErr::Failed(format!("{other:?}")),
-            }),
-        }
+        self.writer.write(conv.clone(), op).await.map_err(|e| match e {
+            WriteFailure::Rejected(r) => WriteErr::Rejected(r),
+            other => WriteErr::Failed(format!("{other:?}")),
+        })
     }
 
     pub async fn send(&self, conv: &ConvId, user: &str, key: &str, body: Body) -> Result<SendAck, WriteErr> {

@@ -11,7 +11,7 @@ use imcore::store::{CreateConversation, GroupSettings, JoinOp, LeaveOp, SyncRequ
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::env::{cid, text, uid, Env, Path, WriteErr};
+use crate::env::{cid, text, uid, Env, Path, PathName, WriteErr};
 use crate::evidence::record;
 
 const SUITE: &str = "im-04";
@@ -383,6 +383,21 @@ checks_on!(
         seq_gapless,
         control_sequence_gaps,
         history_uses_pk,
+        leave_closes_interval,
+    ]
+);
+
+// The negative controls and the plan check do not depend on the write path.
+checks_on!(
+    actor,
+    super::Path::Actor,
+    [
+        normal_history,
+        non_member_rejected,
+        unknown_conv_same_error,
+        idempotency_mismatch,
+        concurrent_replay_one_row,
+        seq_gapless,
         leave_closes_interval,
     ]
 );

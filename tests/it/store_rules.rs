@@ -6,7 +6,7 @@ use imcore::store::{CreateConversation, GroupSettings, StoreError, SyncRequest};
 use imcore_actors::{ClientMsgId, ConvId, UserId};
 use serde_json::json;
 
-use crate::env::{cid, text, uid, Env, Path, WriteErr};
+use crate::env::{cid, text, uid, Env, Path, PathName, WriteErr};
 use crate::evidence::record;
 
 const SUITE: &str = "im-04";
@@ -277,6 +277,17 @@ rules_on!(
     [
         rollback_between_insert_and_commit,
         p3_overlap_rejected_by_the_database,
+        epoch_mismatch,
+        after_seq_below_min_seq_is_truncated,
+        every_refused_send_leaves_head_unchanged,
+    ]
+);
+
+rules_on!(
+    actor,
+    super::Path::Actor,
+    [
+        rollback_between_insert_and_commit,
         epoch_mismatch,
         after_seq_below_min_seq_is_truncated,
         every_refused_send_leaves_head_unchanged,

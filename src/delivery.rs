@@ -1,0 +1,219 @@
+//! Delivery after commit (ARCHITECTURE §5). A conversation's actor hands each
+//! committed batch here once; the frames are encoded once and shared by every
+//! receiving connection. Nothing here blocks or awaits on a connection: each
+//! connection has a bounded mailbox, and one that overflows is told to close
+//! (the client reconnects and syncs), so a slow device never slows the
+//! conversation or the other devices.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use actix::dev::SendError;
+use actix::{Message, Recipient};
+use imcore_actors::registry::RouteRegistry;
+use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
+
+use crate::domain::{DeliveryMode, Event, EventKind};
+use crate::protocol::{push_events, push_head};
+use crate::store::{Appended, MemberMap, Store};
+
+/// What a connection is sent from outside its own request handling.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub enum Push {
+    /// A JSON text frame, encoded once for all its recipients.
+    Frame(Arc<str>),
+    /// The connection's mailbox overflowed: close it (1013), the client resyncs.
+    Overflowed,
+    /// Close the connection after telling it why (`kicked` push).
+    Kick(KickReason),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KickReason {
+    Replaced,
+    TokenRevoked,
+    Shutdown,
+}
+
+impl KickReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KickReason::Replaced => "replaced",
+            KickReason::TokenRevoked => "token_revoked",
+            KickReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A live connection as the route registry holds it.
+#[derive(Debug, Clone)]
+pub struct Conn {
+    pub push: Recipient<Push>,
+    /// Set once the mailbox overflowed, so the close request is sent only once.
+    overflowed: Arc<AtomicBool>,
+}
+
+impl Conn {
+    pub fn new(push: Recipient<Push>) -> Self {
+        Self { push, overflowed: Arc::default() }
+    }
+
+    /// Never waits: a full mailbox marks the connection for closing.
+    pub fn send(&self, push: Push) {
+        match self.push.try_send(push) {
+            Ok(()) | Err(SendError::Closed(_)) => {}
+            Err(SendError::Full(_)) => {
+                if !self.overflowed.swap(true, Ordering::Relaxed) {
+                    // One small message past the bound, once per connection.
+                    self.push.do_send(Push::Overflowed);
+                }
+            }
+        }
+    }
+}
+
+pub type Routes = RouteRegistry<Conn>;
+
+pub struct Delivery {
+    routes: Arc<Routes>,
+    store: Store,
+}
+
+impl Delivery {
+    pub fn new(routes: Arc<Routes>, store: Store) -> Self {
+        Self { routes, store }
+    }
+
+    pub fn routes(&self) -> &Arc<Routes> {
+        &self.routes
+    }
+
+    /// Sends `frame` to every live device of `user`.
+    pub fn to_user(&self, user: &UserId, frame: &Arc<str>, except: Option<&DeviceId>) {
+        for (device, route) in self.routes.routes_of(user) {
+            if Some(&device) != except {
+                route.recipient.send(Push::Frame(frame.clone()));
+            }
+        }
+    }
+
+    fn fan_out(&self, a: &Appended, before: &MemberMap) {
+        let conv = a.conv_id.as_str();
+        if a.delivery_mode == DeliveryMode::Pull {
+            let frame: Arc<str> = push_head(conv, a.head).into();
+            for user in members_after(a, before) {
+                self.to_user(&user, &frame, None);
+            }
+            return;
+        }
+        let changes_membership =
+            a.events.iter().any(|e| matches!(e.kind, EventKind::Join { .. } | EventKind::Leave { .. }));
+        if !changes_membership {
+            let all: Vec<usize> = (0..a.events.len()).collect();
+            self.send_events(conv, &a.events, &all, before.keys());
+            return;
+        }
+        // Who sees which event: replay the batch's joins and leaves (a joiner
+        // sees from its join, a leaver up to and including its leave).
+        let mut current: HashSet<&UserId> = before.keys().collect();
+        let mut visible: HashMap<&UserId, Vec<usize>> = HashMap::new();
+        for (i, e) in a.events.iter().enumerate() {
+            if let EventKind::Join { subject, .. } = &e.kind {
+                current.insert(subject);
+            }
+            for user in &current {
+                visible.entry(user).or_default().push(i);
+            }
+            if let EventKind::Leave { subject, .. } = &e.kind {
+                current.remove(subject);
+            }
+        }
+        let mut groups: HashMap<Vec<usize>, Vec<&UserId>> = HashMap::new();
+        for (user, indices) in visible {
+            groups.entry(indices).or_default().push(user);
+        }
+        for (indices, users) in groups {
+            self.send_events(conv, &a.events, &indices, users.into_iter());
+        }
+    }
+
+    /// One frame for everyone, except that a device never gets its own
+    /// messages pushed back (its ack answered it).
+    fn send_events<'a>(
+        &self,
+        conv: &str,
+        events: &[Event],
+        indices: &[usize],
+        users: impl Iterator<Item = &'a UserId>,
+    ) {
+        fn sent_by(e: &Event) -> Option<(&UserId, &DeviceId)> {
+            match &e.kind {
+                EventKind::Msg { sender, sender_device, .. } => Some((sender, sender_device)),
+                _ => None,
+            }
+        }
+        let mut shared: Option<Arc<str>> = None;
+        for user in users {
+            for (device, route) in self.routes.routes_of(user) {
+                let own = |e: &&Event| sent_by(e) == Some((user, &device));
+                let frame = if indices.iter().any(|&i| own(&&events[i])) {
+                    let rest: Vec<&Event> = indices.iter().map(|&i| &events[i]).filter(|e| !own(e)).collect();
+                    if rest.is_empty() {
+                        continue;
+                    }
+                    Arc::from(push_events(conv, &rest))
+                } else {
+                    shared
+                        .get_or_insert_with(|| {
+                            let picked: Vec<&Event> = indices.iter().map(|&i| &events[i]).collect();
+                            Arc::from(push_events(conv, &picked))
+                        })
+                        .clone()
+                };
+                route.recipient.send(Push::Frame(frame));
+            }
+        }
+    }
+}
+
+/// Members once the batch's joins and leaves are applied.
+fn members_after(a: &Appended, before: &MemberMap) -> Vec<UserId> {
+    let mut users: HashSet<UserId> = before.keys().cloned().collect();
+    for e in &a.events {
+        match &e.kind {
+            EventKind::Join { subject, .. } => {
+                users.insert(subject.clone());
+            }
+            EventKind::Leave { subject, .. } => {
+                users.remove(subject);
+            }
+            _ => {}
+        }
+    }
+    users.into_iter().collect()
+}
+
+impl Fanout<Appended> for Delivery {
+    fn deliver(&self, _conv: &ConvId, appended: Appended) {
+        if appended.events.is_empty() {
+            return;
+        }
+        match appended.members_before.clone() {
+            Some(before) => self.fan_out(&appended, &before),
+            // The direct path keeps no member map: look the members up after
+            // commit, off the caller's path. A leaver of this very op misses
+            // the push of its own leave; its sync has it.
+            None => {
+                let (routes, store) = (self.routes.clone(), self.store.clone());
+                tokio::spawn(async move {
+                    match store.member_map(&appended.conv_id).await {
+                        Ok(members) => Delivery { routes, store }.fan_out(&appended, &members),
+                        Err(e) => tracing::warn!(conv_id = %appended.conv_id, error = %e, "delivery skipped"),
+                    }
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! The wire contract (PROTOCOL.md): error codes and the JSON shapes of events,
+//! conversations and pushes. Inner layers never produce wire text themselves.
+
+mod error;
+mod wire;
+
+pub use error::{ErrorCode, WireError};
+pub use wire::{conversation_json, event_json, push_events, push_head, push_kicked, push_read, send_ack_json};

@@ -1,0 +1,165 @@
+//! JSON of events, conversations, acks and pushes (PROTOCOL §4, §5).
+//! Bodies are stored as canonical JSON text and embedded as raw JSON.
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use crate::domain::{format_time, Event, EventKind};
+use crate::store::{ConversationInfo, SendAck};
+
+#[derive(Serialize)]
+struct Sender<'a> {
+    user_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_id: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct WireEvent<'a> {
+    conv_id: &'a str,
+    seq: i64,
+    kind: &'static str,
+    created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sender: Option<Sender<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_msg_id: Option<&'a str>,
+    /// Present (possibly null) on `msg` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<Option<&'a RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recalled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target_seq: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subject_user: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    actor: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    change: Option<&'a RawValue>,
+}
+
+fn raw(text: &str) -> Option<&RawValue> {
+    serde_json::from_str(text).ok()
+}
+
+fn wire_event(e: &Event) -> WireEvent<'_> {
+    let mut w = WireEvent {
+        conv_id: e.conv_id.as_str(),
+        seq: e.seq,
+        kind: e.kind.name(),
+        created_at: format_time(e.created_at),
+        message_id: None,
+        sender: None,
+        client_msg_id: None,
+        body: None,
+        recalled: None,
+        target_seq: None,
+        subject_user: None,
+        actor: None,
+        reason: None,
+        change: None,
+    };
+    match &e.kind {
+        EventKind::Msg { message_id, sender, sender_device, client_msg_id, body, recalled } => {
+            w.message_id = Some(message_id.to_string());
+            w.sender = Some(Sender { user_id: sender.as_str(), device_id: Some(sender_device.as_str()) });
+            w.client_msg_id = Some(client_msg_id.as_str());
+            w.body = Some(body.as_deref().and_then(raw));
+            w.recalled = Some(*recalled);
+        }
+        EventKind::Recall { sender, sender_device, target_seq } => {
+            w.sender = Some(Sender { user_id: sender.as_str(), device_id: sender_device.as_ref().map(|d| d.as_str()) });
+            w.target_seq = Some(*target_seq);
+        }
+        EventKind::Join { subject, actor } => {
+            w.subject_user = Some(subject.as_str());
+            w.actor = Some(actor.as_str());
+        }
+        EventKind::Leave { subject, actor, reason } => {
+            w.subject_user = Some(subject.as_str());
+            w.actor = Some(actor.as_str());
+            w.reason = Some(reason.as_str());
+        }
+        EventKind::Group { actor, change } => {
+            w.actor = Some(actor.as_str());
+            w.change = raw(change);
+        }
+    }
+    w
+}
+
+/// PROTOCOL §5 event object.
+pub fn event_json(e: &Event) -> Value {
+    serde_json::to_value(wire_event(e)).unwrap_or(Value::Null)
+}
+
+/// `event` push for one event, `events` for several (ascending seq), as text
+/// encoded once and shared by every receiving connection.
+pub fn push_events(conv_id: &str, events: &[&Event]) -> String {
+    #[derive(Serialize)]
+    struct One<'a> {
+        push: &'static str,
+        conv_id: &'a str,
+        event: WireEvent<'a>,
+    }
+    #[derive(Serialize)]
+    struct Many<'a> {
+        push: &'static str,
+        conv_id: &'a str,
+        events: Vec<WireEvent<'a>>,
+    }
+    let text = match events {
+        [one] => serde_json::to_string(&One { push: "event", conv_id, event: wire_event(one) }),
+        many => serde_json::to_string(&Many {
+            push: "events",
+            conv_id,
+            events: many.iter().map(|e| wire_event(e)).collect(),
+        }),
+    };
+    text.unwrap_or_default()
+}
+
+pub fn push_head(conv_id: &str, head: i64) -> String {
+    json!({"push": "head", "conv_id": conv_id, "head": head}).to_string()
+}
+
+pub fn push_read(conv_id: &str, read_seq: i64) -> String {
+    json!({"push": "read", "conv_id": conv_id, "read_seq": read_seq}).to_string()
+}
+
+/// `reason`: `replaced` | `token_revoked` | `shutdown`.
+pub fn push_kicked(reason: &str) -> String {
+    json!({"push": "kicked", "reason": reason}).to_string()
+}
+
+pub fn send_ack_json(ack: &SendAck) -> Value {
+    json!({"seq": ack.seq, "message_id": ack.message_id, "dup": ack.dup, "created_at": format_time(ack.created_at)})
+}
+
+/// PROTOCOL §5 conversation object.
+pub fn conversation_json(c: &ConversationInfo) -> Value {
+    json!({
+        "conv_id": c.conv_id,
+        "kind": c.kind,
+        "name": c.name,
+        "owner": c.owner,
+        "delivery_mode": c.delivery_mode.as_str(),
+        "join_mode": c.join_mode.as_str(),
+        "max_member": c.max_member,
+        "member_count": c.member_count,
+        "mute_all": c.mute_all,
+        "status": if c.dismissed { "dismissed" } else { "active" },
+        "head": c.head,
+        "min_seq": c.min_seq,
+        "epoch": c.epoch,
+        "recall_window_ms": c.recall_window_ms,
+        "retention_ms": c.retention_ms,
+        "created_at": format_time(c.created_at),
+    })
+}

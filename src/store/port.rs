@@ -1,0 +1,29 @@
+//! The store as the port conversation actors write through.
+
+use std::future::Future;
+
+use imcore_actors::{BatchCommitted, ConvId, ConversationStore};
+
+use super::write::{Appended, ConvCache, WriteOp, WriteOutcome};
+use super::{Store, StoreError};
+
+impl ConversationStore for Store {
+    type Op = WriteOp;
+    type Outcome = WriteOutcome;
+    type Cache = ConvCache;
+    type Committed = Appended;
+    type Error = StoreError;
+
+    fn commit_batch(
+        &self,
+        conv: ConvId,
+        cache: ConvCache,
+        ops: Vec<WriteOp>,
+    ) -> impl Future<Output = Result<BatchCommitted<Self>, StoreError>> + Send + 'static {
+        let store = self.clone();
+        async move {
+            let (written, cache) = store.write_batch(&conv, cache, &ops).await?;
+            Ok(BatchCommitted { outcomes: written.outcomes, cache, committed: written.appended })
+        }
+    }
+}
