@@ -65,6 +65,23 @@ pub struct Config {
     #[arg(long, env = "IMCORE_ARBITERS", default_value_t = default_arbiters())]
     pub arbiters: usize,
 
+    /// WebSocket: the server pings every this many ms.
+    #[arg(long, env = "IMCORE_WS_PING_MS", default_value_t = 15_000)]
+    pub ws_ping_ms: u64,
+
+    /// WebSocket: a connection silent (no frame, no pong) this many ms is closed.
+    /// Keep it a few ping intervals long.
+    #[arg(long, env = "IMCORE_WS_TIMEOUT_MS", default_value_t = 45_000)]
+    pub ws_timeout_ms: u64,
+
+    /// WebSocket: a frame (or reassembled message) over this many bytes closes the connection (1009).
+    #[arg(long, env = "IMCORE_WS_MAX_FRAME_BYTES", default_value_t = 64 * 1024)]
+    pub ws_max_frame_bytes: usize,
+
+    /// HTTP worker threads (0: one per core).
+    #[arg(long, env = "IMCORE_WORKERS", default_value_t = 0)]
+    pub workers: usize,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "IMCORE_LOG", default_value = "info")]
     pub log: String,
@@ -85,6 +102,10 @@ impl Config {
             max_queue: 8192,
             actor_idle_ms: 60_000,
             arbiters: default_arbiters(),
+            ws_ping_ms: 15_000,
+            ws_timeout_ms: 45_000,
+            ws_max_frame_bytes: 64 * 1024,
+            workers: 0,
             log: "warn".into(),
         }
     }
@@ -96,6 +117,16 @@ impl Config {
             idle_timeout: Duration::from_millis(self.actor_idle_ms),
             ..ActorConfig::default()
         }
+    }
+}
+
+impl Config {
+    pub fn ws_ping(&self) -> Duration {
+        Duration::from_millis(self.ws_ping_ms.max(1))
+    }
+
+    pub fn ws_timeout(&self) -> Duration {
+        Duration::from_millis(self.ws_timeout_ms.max(1))
     }
 }
 

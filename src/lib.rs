@@ -7,7 +7,9 @@
 //!   join, leave under the conversation row lock), `sync`, `conversations`,
 //!   `accounts`, `migrate`.
 //! * [`pg`] — the embedded PostgreSQL used when no `DATABASE_URL` is given.
-//! * [`gateway`] — HTTP routes; PROTOCOL error codes are produced only here.
+//! * [`gateway`] — HTTP and WebSocket (PROTOCOL §3–6); PROTOCOL error codes
+//!   are produced only here; one op dispatch serves both transports.
+//! * [`metrics`] — Prometheus counters, histograms and sampled gauges.
 //! * [`config`], [`startup`], [`telemetry`] — configuration, the server
 //!   builder (port 0 for tests), logs.
 //! * The concurrency core (conversation actors, hub, route registry) is the
@@ -24,6 +26,7 @@ pub mod config;
 pub mod delivery;
 pub mod domain;
 pub mod gateway;
+pub mod metrics;
 pub mod pg;
 pub mod protocol;
 pub mod startup;

@@ -8,10 +8,12 @@ use std::net::TcpListener;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
 use rand::RngCore;
+use tokio::sync::Notify;
 
 use crate::config::{Config, SHUTDOWN_GRACE};
 use crate::delivery::{Delivery, Routes};
@@ -33,6 +35,8 @@ pub enum StartupError {
 pub struct Application {
     port: u16,
     server: Server,
+    state: web::Data<AppState>,
+    trigger: ShutdownTrigger,
     /// Kept alive while serving; dropped (stopped) after the server stops.
     embedded_pg: Option<EmbeddedPg>,
 }
@@ -58,26 +62,96 @@ impl Application {
         let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
         let writer =
             Writer::new(config.write_path, store.clone(), delivery.clone(), config.actor_config(), config.arbiters);
-        let state = web::Data::new(AppState { store, writer, delivery, admin_token, config: Arc::new(config) });
-        let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(gateway::routes))
-            .listen(listener)
-            .map_err(|e| StartupError::Io("listen", e))?
-            .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
-            .run();
+        let workers = config.workers;
+        let state = web::Data::new(AppState::new(store, writer, delivery, admin_token, Arc::new(config)));
+        let app_state = state.clone();
+        let mut http = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(gateway::routes))
+            // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.
+            .disable_signals()
+            .shutdown_timeout(SHUTDOWN_GRACE.as_secs());
+        if workers > 0 {
+            http = http.workers(workers);
+        }
+        let server = http.listen(listener).map_err(|e| StartupError::Io("listen", e))?.run();
         tracing::info!(port, "imcore is listening");
-        Ok(Self { port, server, embedded_pg })
+        Ok(Self { port, server, state, embedded_pg, trigger: ShutdownTrigger::default() })
     }
 
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Serves until SIGINT/SIGTERM (actix-web's signal handling), then stops the
-    /// embedded PostgreSQL, if any, after the server has drained.
+    /// Starts graceful shutdown from inside the process (tests; same path as a signal).
+    pub fn shutdown_trigger(&self) -> ShutdownTrigger {
+        self.trigger.clone()
+    }
+
+    /// Serves until SIGINT/SIGTERM or the [`ShutdownTrigger`], then shuts down
+    /// gracefully, outside in:
+    /// 1. stop accepting connections (upgrades already accepted are refused);
+    /// 2. every WebSocket session answers its in-flight requests, gets
+    ///    `kicked: shutdown` and closes (at most [`SHUTDOWN_GRACE`]);
+    /// 3. the writer commits and answers everything queued;
+    /// 4. the HTTP server stops (in-flight HTTP requests get [`SHUTDOWN_GRACE`]);
+    /// 5. the embedded PostgreSQL, if any, stops.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let result = self.server.await;
-        drop(self.embedded_pg);
+        let Self { server, state, embedded_pg, trigger, .. } = self;
+        let handle = server.handle();
+        // Polled on its own task: the handle's commands are served by it.
+        let mut running = actix_web::rt::spawn(server);
+        let joined = |r: Result<std::io::Result<()>, tokio::task::JoinError>| {
+            r.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        };
+        tokio::select! {
+            result = &mut running => {
+                drop(embedded_pg);
+                return joined(result);
+            }
+            () = shutdown_requested(&trigger) => {}
+        }
+        tracing::info!("graceful shutdown: stop accepting, tell sessions");
+        handle.pause().await;
+        state.begin_shutdown();
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        while !state.sessions.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tracing::info!(left = state.sessions.len(), "graceful shutdown: draining the writer");
+        state.writer.shutdown().await;
+        handle.stop(true).await;
+        let result = joined(running.await);
+        drop(embedded_pg);
+        tracing::info!("stopped");
         result
+    }
+}
+
+/// Asks a running [`Application`] to shut down gracefully.
+#[derive(Clone, Default)]
+pub struct ShutdownTrigger(Arc<Notify>);
+
+impl ShutdownTrigger {
+    pub fn fire(&self) {
+        self.0.notify_one();
+    }
+}
+
+async fn shutdown_requested(trigger: &ShutdownTrigger) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+        () = terminate => tracing::info!("SIGTERM"),
+        () = trigger.0.notified() => tracing::info!("shutdown requested"),
     }
 }
 

@@ -1,14 +1,42 @@
-//! The edge: HTTP routes and (later) the WebSocket session. Errors of the
-//! inner layers become PROTOCOL §2 codes here and nowhere else.
+//! The edge: HTTP routes, the WebSocket session, admin endpoints, metrics.
+//! Errors of the inner layers become PROTOCOL §2 codes here and nowhere else
+//! (`error.rs`); both transports run the same op dispatch (`ops.rs`).
+//!
+//! # Layout
+//! * `auth` — device and admin bearer tokens.
+//! * `ops` — parsed requests and their one dispatch (WebSocket and HTTP).
+//! * `http` — HTTP routes of the ops; `admin` — admin routes.
+//! * `session` — the WebSocket actor (the only user of `actix-web-actors`).
+//! * `health` — `/healthz`, `/readyz`; `/metrics` is here.
+//!
+//! # Pushes
+//! A push is a text frame without `id`, named by its `"push"` key:
+//! `{"push": "event", "conv_id", "event"}`, `{"push": "events", "conv_id", "events"}`,
+//! `{"push": "head", "conv_id", "head"}`, `{"push": "read", "conv_id", "read_seq"}`,
+//! `{"push": "kicked", "reason"}`.
 
+mod admin;
+mod auth;
+mod error;
 mod health;
+mod http;
+pub mod ops;
+mod session;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use actix_web::web;
+use actix::Recipient;
+use actix_web::{web, HttpResponse};
+use dashmap::DashMap;
+use imcore_actors::registry::ConnId;
+
+pub use error::ApiError;
+pub use session::MAILBOX_CAPACITY;
 
 use crate::config::Config;
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, Push};
+use crate::metrics::metrics;
 use crate::store::Store;
 use crate::writer::Writer;
 
@@ -20,8 +48,72 @@ pub struct AppState {
     pub delivery: Arc<Delivery>,
     pub admin_token: String,
     pub config: Arc<Config>,
+    /// Every open WebSocket session, routed or not: what graceful shutdown
+    /// tells to leave. Inserted when a session starts, removed when it stops.
+    pub sessions: DashMap<ConnId, Recipient<Push>>,
+    /// Set once graceful shutdown began: upgrades are refused, sessions leave.
+    shutting_down: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(
+        store: Store,
+        writer: Writer,
+        delivery: Arc<Delivery>,
+        admin_token: String,
+        config: Arc<Config>,
+    ) -> Self {
+        Self {
+            store,
+            writer,
+            delivery,
+            admin_token,
+            config,
+            sessions: DashMap::new(),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Graceful shutdown, step one: refuse new sessions and tell every open
+    /// one to leave (`kicked: shutdown` once its in-flight requests are answered).
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let sessions: Vec<Recipient<Push>> = self.sessions.iter().map(|e| e.value().clone()).collect();
+        for s in sessions {
+            s.do_send(Push::Kick(crate::delivery::KickReason::Shutdown));
+        }
+    }
+}
+
+/// `GET /metrics`: Prometheus text; gauges sampled now.
+async fn metrics_text(state: web::Data<AppState>) -> HttpResponse {
+    let m = metrics();
+    m.connections.with_label_values(&["routed"]).set(state.delivery.routes().connection_count() as i64);
+    m.connections.with_label_values(&["sessions"]).set(state.sessions.len() as i64);
+    if let Writer::Actor(hub) = &state.writer {
+        m.live_actors.set(hub.live_actors() as i64);
+    }
+    let pool = state.store.pool().state();
+    m.pool.with_label_values(&["connections"]).set(i64::from(pool.connections));
+    m.pool.with_label_values(&["idle"]).set(i64::from(pool.idle_connections));
+    let stats = &pool.statistics;
+    let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    m.pool.with_label_values(&["pending_gets"]).set(as_i64(stats.pending_gets()));
+    m.pool.with_label_values(&["waited_gets_total"]).set(as_i64(stats.get_waited));
+    m.pool.with_label_values(&["timed_out_gets_total"]).set(as_i64(stats.get_timed_out));
+    m.pool.with_label_values(&["wait_ms_total"]).set(as_i64(stats.get_wait_time.as_millis() as u64));
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render())
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(health::healthz)).route("/readyz", web::get().to(health::readyz));
+    cfg.route("/healthz", web::get().to(health::healthz))
+        .route("/readyz", web::get().to(health::readyz))
+        .route("/metrics", web::get().to(metrics_text))
+        .route("/v1/ws", web::get().to(session::upgrade))
+        .configure(http::routes)
+        .configure(admin::routes);
 }

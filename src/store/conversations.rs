@@ -88,28 +88,35 @@ pub fn direct_conv_id(a: &UserId, b: &UserId) -> ConvId {
     ConvId::parse(&id).unwrap_or_else(|_| unreachable!("hex is in the id alphabet"))
 }
 
-const CONVERSATION_COLUMNS: &str = "c.conv_id, c.kind, c.name, c.owner, c.delivery_mode, c.join_mode, c.max_member,
+pub(super) const CONVERSATION_COLUMNS: &str =
+    "c.conv_id, c.kind, c.name, c.owner, c.delivery_mode, c.join_mode, c.max_member,
     c.member_count, c.mute_all, c.status = 'dismissed', c.next_seq - 1, c.min_seq, c.epoch, c.recall_window_ms,
     c.retention_ms, c.created_at";
 
 pub(super) fn conversation_from_row(r: &Row) -> ConversationInfo {
+    conversation_from_row_at(r, 0)
+}
+
+/// Decodes [`CONVERSATION_COLUMNS`] selected from column `at` on (a query that
+/// selects other columns first, like the inbox's).
+pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> ConversationInfo {
     ConversationInfo {
-        conv_id: ConvId::parse(r.get(0)).unwrap_or_else(|_| unreachable!("checked by the schema")),
-        kind: if r.get::<_, &str>(1) == "group" { "group" } else { "direct" },
-        name: r.get(2),
-        owner: r.get(3),
-        delivery_mode: r.get::<_, &str>(4).parse().unwrap_or(DeliveryMode::Push),
-        join_mode: r.get::<_, &str>(5).parse().unwrap_or(JoinMode::Invite),
-        max_member: r.get(6),
-        member_count: r.get(7),
-        mute_all: r.get(8),
-        dismissed: r.get(9),
-        head: r.get(10),
-        min_seq: r.get(11),
-        epoch: r.get(12),
-        recall_window_ms: r.get(13),
-        retention_ms: r.get(14),
-        created_at: r.get(15),
+        conv_id: ConvId::parse(r.get(at)).unwrap_or_else(|_| unreachable!("checked by the schema")),
+        kind: if r.get::<_, &str>(at + 1) == "group" { "group" } else { "direct" },
+        name: r.get(at + 2),
+        owner: r.get(at + 3),
+        delivery_mode: r.get::<_, &str>(at + 4).parse().unwrap_or(DeliveryMode::Push),
+        join_mode: r.get::<_, &str>(at + 5).parse().unwrap_or(JoinMode::Invite),
+        max_member: r.get(at + 6),
+        member_count: r.get(at + 7),
+        mute_all: r.get(at + 8),
+        dismissed: r.get(at + 9),
+        head: r.get(at + 10),
+        min_seq: r.get(at + 11),
+        epoch: r.get(at + 12),
+        recall_window_ms: r.get(at + 13),
+        retention_ms: r.get(at + 14),
+        created_at: r.get(at + 15),
     }
 }
 

@@ -7,8 +7,10 @@
 
 mod accounts;
 mod conversations;
+mod inbox;
 mod migrate;
 mod port;
+mod read;
 mod sync;
 mod write;
 
@@ -22,6 +24,7 @@ use crate::domain::Rejection;
 
 pub use accounts::{DeviceToken, TokenOwner};
 pub use conversations::{ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
+pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use sync::{SyncPage, SyncRequest, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{

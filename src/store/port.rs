@@ -23,6 +23,7 @@ impl ConversationStore for Store {
         let store = self.clone();
         async move {
             let (written, cache) = store.write_batch(&conv, cache, &ops).await?;
+            crate::metrics::observe_batch(ops.len());
             Ok(BatchCommitted { outcomes: written.outcomes, cache, committed: written.appended })
         }
     }

@@ -3,6 +3,9 @@
 
 mod env;
 mod evidence;
+mod gateway;
 mod harness;
+mod inbox;
 mod seed_000;
+mod server;
 mod store_rules;

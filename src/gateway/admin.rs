@@ -1,0 +1,72 @@
+//! Admin endpoints (PROTOCOL §3, §6), authenticated with the admin token.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use imcore_actors::{ConvId, DeviceId, UserId};
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::http::fields;
+use super::{auth, AppState};
+use crate::delivery::{KickReason, Push};
+
+fn string_field<'a>(fields: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
+    fields.get(name).and_then(Value::as_str).ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
+}
+
+/// `{"user_id", "display_name"?}` → 201 `{"user_id"}`; 409 `ALREADY_EXISTS`.
+async fn create_user(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    auth::admin(&state, &req)?;
+    let fields = fields(&req, payload).await?;
+    let user = UserId::parse(string_field(&fields, "user_id")?)?;
+    let display_name = match fields.get("display_name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.chars().count() <= 256 => Some(s.as_str()),
+        Some(_) => return Err(ApiError::bad_request("`display_name` must be a string of at most 256 characters")),
+    };
+    state.store.create_user(&user, display_name).await?;
+    Ok(HttpResponse::Created().json(json!({ "user_id": user.as_str() })))
+}
+
+/// `{"device_id"}` → 201 `{"user_id","device_id","token"}`. Issuing again
+/// rotates: the old token stops working and the device's live connection is
+/// kicked with `token_revoked`. A connection that authenticated with the old
+/// token just before the rotation re-checks its token once registered
+/// (`session.rs`), so it cannot slip past this kick.
+async fn issue_device(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    auth::admin(&state, &req)?;
+    let fields = fields(&req, payload).await?;
+    let user = UserId::parse(string_field(&fields, "user_id")?)?;
+    let device = DeviceId::parse(string_field(&fields, "device_id")?)?;
+    let issued = state.store.issue_device_token(&user, &device).await?;
+    if let Some(route) = state.delivery.routes().route(&user, &device) {
+        // A control message: never dropped for a full mailbox.
+        route.recipient.push.do_send(Push::Kick(KickReason::TokenRevoked));
+    }
+    Ok(HttpResponse::Created().json(json!({
+        "user_id": issued.user_id.as_str(),
+        "device_id": issued.device_id.as_str(),
+        "token": issued.token,
+    })))
+}
+
+/// Bumps the epoch (after a restore) → `{"conv_id","epoch"}`; 404 for an unknown conversation.
+async fn bump_epoch(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    auth::admin(&state, &req)?;
+    let conv = ConvId::parse(req.match_info().get("conv_id").unwrap_or_default())?;
+    let epoch = state.store.bump_epoch(&conv).await?;
+    Ok(HttpResponse::Ok().json(json!({ "conv_id": conv.as_str(), "epoch": epoch })))
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/v1/admin/users", web::post().to(create_user))
+        .route("/v1/admin/users/{user_id}/devices", web::post().to(issue_device))
+        .route("/v1/admin/conversations/{conv_id}/epoch", web::post().to(bump_epoch));
+}

@@ -1,0 +1,118 @@
+//! The one place inner errors become PROTOCOL §2 codes, for both transports:
+//! `{"error": {code, message}}` over HTTP, `{"id", "ok": false, "error"}` over
+//! WebSocket. Clients get the code and a clean message; logs get the cause.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use imcore_actors::InvalidId;
+use serde_json::json;
+
+use crate::domain::BodyError;
+use crate::metrics::metrics;
+use crate::protocol::{ErrorCode, WireError};
+use crate::store::StoreError;
+use crate::writer::WriteFailure;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError(pub WireError);
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self(WireError::new(code, message))
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::BadRequest, message)
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(ErrorCode::Unauthorized, "missing, unknown or revoked token")
+    }
+
+    pub fn internal() -> Self {
+        Self::new(ErrorCode::Internal, "internal error; the request may or may not have taken effect")
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        self.0.code
+    }
+
+    /// Counts the error by code; called once per error answer, by either transport.
+    pub fn count(&self) {
+        let code = serde_json::to_value(self.0.code).ok();
+        let label = code.as_ref().and_then(|v| v.as_str()).unwrap_or("UNKNOWN");
+        metrics().errors.with_label_values(&[label]).inc();
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.0.code, self.0.message)
+    }
+}
+
+impl From<InvalidId> for ApiError {
+    fn from(e: InvalidId) -> Self {
+        Self::bad_request(e.to_string())
+    }
+}
+
+impl From<BodyError> for ApiError {
+    fn from(e: BodyError) -> Self {
+        Self::new(ErrorCode::PayloadTooLarge, e.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Rejected(r) => Self(WireError::from(&r)),
+            other => {
+                tracing::warn!(error = ?other, "request failed in the store");
+                Self::internal()
+            }
+        }
+    }
+}
+
+impl From<WriteFailure> for ApiError {
+    fn from(e: WriteFailure) -> Self {
+        match e {
+            WriteFailure::Rejected(r) => Self(WireError::from(&r)),
+            WriteFailure::Overloaded => {
+                Self::new(ErrorCode::Overloaded, "the conversation is overloaded; retry with the same client_msg_id")
+            }
+            WriteFailure::Internal(cause) => {
+                tracing::warn!(%cause, "write failed");
+                Self::internal()
+            }
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.0.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        self.count();
+        HttpResponse::build(self.status_code()).json(json!({ "error": self.0 }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Rejection;
+
+    #[test]
+    fn inner_errors_map_to_protocol_codes() {
+        assert_eq!(ApiError::from(WriteFailure::Overloaded).code(), ErrorCode::Overloaded);
+        assert!(!ApiError::from(WriteFailure::Internal("boom".into())).0.message.contains("boom"));
+        assert_eq!(ApiError::from(WriteFailure::Rejected(Rejection::NotMember)).code(), ErrorCode::NotMember);
+        let too_big = ApiError::from(BodyError::TooLarge { size: 20, max: 10 });
+        assert_eq!(too_big.code(), ErrorCode::PayloadTooLarge);
+        assert_eq!(too_big.status_code(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+}

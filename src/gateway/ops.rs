@@ -1,0 +1,378 @@
+//! The ops of PROTOCOL §5, one dispatch for both transports: a WebSocket frame
+//! and an HTTP request both become `(op name, field map)`, are parsed here
+//! into a [`Request`] (every id, body and number checked at the edge), and run
+//! by [`dispatch`], so both give the very same result object and errors.
+//!
+//! Group ops (invite, kick, recall, …) slot in as new [`Request`] variants with
+//! a parse arm and a dispatch arm; the transports need no change beyond an
+//! HTTP route naming the op.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix_web::web;
+use futures_util::future::LocalBoxFuture;
+use futures_util::FutureExt;
+use imcore_actors::{ClientMsgId, ConvId, Fanout, UserId};
+use serde_json::{json, Map, Value};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::domain::{format_time, Body, DeliveryMode, JoinMode};
+use crate::metrics::{metrics, observe_send};
+use crate::protocol::{conversation_json, event_json, push_read, send_ack_json};
+use crate::store::{
+    Appended, CreateConversation, GroupSettings, MemberMap, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
+    INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_MAX_LIMIT,
+};
+
+/// Longest group name accepted.
+pub const MAX_NAME_CHARS: usize = 256;
+/// Most members named in one `create_conversation`.
+pub const MAX_CREATE_MEMBERS: usize = 1000;
+
+/// A parsed, checked request of a device.
+#[derive(Debug, Clone)]
+pub enum Request {
+    CreateConversation(NewConversation),
+    GetConversation { conv: ConvId },
+    Conversations { limit: i64, cursor: Option<String> },
+    Send { conv: ConvId, client_msg_id: ClientMsgId, body: Body },
+    Sync(SyncParams),
+    Read { conv: ConvId, seq: i64 },
+    Ping,
+}
+
+#[derive(Debug, Clone)]
+pub enum NewConversation {
+    Direct { other: UserId },
+    Group { conv_id: Option<ConvId>, name: String, members: Vec<UserId>, settings: GroupSettings },
+}
+
+#[derive(Debug, Clone)]
+pub struct SyncParams {
+    pub conv: ConvId,
+    pub after_seq: Option<i64>,
+    pub before_seq: Option<i64>,
+    pub limit: i64,
+    pub epoch: Option<i32>,
+}
+
+impl Request {
+    /// The op name, for metrics and logs.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::CreateConversation(_) => "create_conversation",
+            Request::GetConversation { .. } => "get_conversation",
+            Request::Conversations { .. } => "conversations",
+            Request::Send { .. } => "send",
+            Request::Sync(_) => "sync",
+            Request::Read { .. } => "read",
+            Request::Ping => "ping",
+        }
+    }
+
+    /// Parses `op` with its fields. Unknown op, missing or malformed field →
+    /// `BAD_REQUEST`; a body over `max_body_bytes` → `PAYLOAD_TOO_LARGE`.
+    pub fn parse(op: &str, fields: &Map<String, Value>, max_body_bytes: usize) -> Result<Self, ApiError> {
+        let f = Fields(fields);
+        Ok(match op {
+            "create_conversation" => Request::CreateConversation(parse_new_conversation(&f)?),
+            "get_conversation" => Request::GetConversation { conv: f.conv_id()? },
+            "conversations" => Request::Conversations {
+                limit: f.int_in("limit", 1, INBOX_MAX_LIMIT)?.unwrap_or(INBOX_DEFAULT_LIMIT),
+                cursor: f.opt_str("cursor")?.map(str::to_owned),
+            },
+            "send" => {
+                let conv = f.conv_id()?;
+                let client_msg_id = ClientMsgId::parse(f.str("client_msg_id")?)?;
+                let body = fields.get("body").ok_or_else(|| ApiError::bad_request("missing field `body`"))?;
+                Request::Send { conv, client_msg_id, body: Body::parse(body, max_body_bytes)? }
+            }
+            "sync" => {
+                let before_seq = f.int_in("before_seq", 1, i64::MAX)?;
+                let after_seq = f.int_in("after_seq", 0, i64::MAX)?;
+                if before_seq.is_some() && after_seq.is_some() {
+                    return Err(ApiError::bad_request("give `after_seq` or `before_seq`, not both"));
+                }
+                Request::Sync(SyncParams {
+                    conv: f.conv_id()?,
+                    after_seq,
+                    before_seq,
+                    // Over the maximum is clamped (PROTOCOL: "max 1000"); below 1 is refused.
+                    limit: f.int_in("limit", 1, i64::MAX)?.map_or(100, |l| l.min(SYNC_MAX_LIMIT)),
+                    epoch: f.int_in("epoch", 1, i32::MAX.into())?.map(|e| e as i32),
+                })
+            }
+            "read" => Request::Read {
+                conv: f.conv_id()?,
+                seq: f.int_in("seq", 0, i64::MAX)?.ok_or_else(|| ApiError::bad_request("missing field `seq`"))?,
+            },
+            "ping" => Request::Ping,
+            other => return Err(ApiError::bad_request(format!("unknown op `{}`", truncate(other, 64)))),
+        })
+    }
+}
+
+fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
+    let members: Vec<UserId> = match f.0.get("members") {
+        Some(Value::Array(items)) if items.len() <= MAX_CREATE_MEMBERS => items
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => UserId::parse(s).map_err(ApiError::from),
+                _ => Err(ApiError::bad_request("`members` must be user ids")),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::bad_request(format!("at most {MAX_CREATE_MEMBERS} members at creation")))
+        }
+        None => vec![],
+        Some(_) => return Err(ApiError::bad_request("`members` must be an array of user ids")),
+    };
+    match f.str("kind")? {
+        "direct" => match <[UserId; 1]>::try_from(members) {
+            Ok([other]) => Ok(NewConversation::Direct { other }),
+            Err(_) => Err(ApiError::bad_request("a direct conversation names exactly one other member")),
+        },
+        "group" => {
+            let name = f.str("name")?;
+            if name.chars().count() > MAX_NAME_CHARS {
+                return Err(ApiError::bad_request(format!("`name` is over {MAX_NAME_CHARS} characters")));
+            }
+            let mut settings = GroupSettings::default();
+            if let Some(m) = f.opt_str("delivery_mode")? {
+                settings.delivery_mode = m
+                    .parse::<DeliveryMode>()
+                    .map_err(|()| ApiError::bad_request("`delivery_mode` is `push` or `pull`"))?;
+            }
+            if let Some(m) = f.opt_str("join_mode")? {
+                settings.join_mode = m
+                    .parse::<JoinMode>()
+                    .map_err(|()| ApiError::bad_request("`join_mode` is `invite`, `approval` or `free`"))?;
+            }
+            if let Some(n) = f.int_in("max_member", 1, i32::MAX.into())? {
+                settings.max_member = n as i32;
+            }
+            if let Some(ms) = f.int_in("recall_window_ms", 0, i64::MAX)? {
+                settings.recall_window_ms = ms;
+            }
+            settings.retention_ms = f.int_in("retention_ms", 1, i64::MAX)?;
+            let conv_id = f.opt_str("conv_id")?.map(ConvId::parse).transpose()?;
+            Ok(NewConversation::Group { conv_id, name: name.to_owned(), members, settings })
+        }
+        _ => Err(ApiError::bad_request("`kind` is `direct` or `group`")),
+    }
+}
+
+/// Field access with PROTOCOL §1 checks. Integers may come as JSON numbers
+/// (WebSocket, HTTP bodies) or decimal strings (HTTP query parameters).
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    fn opt_str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::bad_request(format!("`{name}` must be a string"))),
+        }
+    }
+
+    fn str(&self, name: &str) -> Result<&'a str, ApiError> {
+        self.opt_str(name)?.ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
+    }
+
+    fn conv_id(&self) -> Result<ConvId, ApiError> {
+        Ok(ConvId::parse(self.str("conv_id")?)?)
+    }
+
+    fn int_in(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+        let n = match self.0.get(name) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Number(n)) => n.as_i64(),
+            Some(Value::String(s)) => s.parse::<i64>().ok(),
+            Some(_) => None,
+        };
+        match n {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(ApiError::bad_request(format!("`{name}` must be an integer in {min}..={max}"))),
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// A successful answer: the PROTOCOL result object, and whether it created
+/// something (HTTP 201 rather than 200).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub created: bool,
+    pub body: Value,
+}
+
+impl Reply {
+    fn ok(body: Value) -> Self {
+        Self { created: false, body }
+    }
+}
+
+/// Runs `req` for `caller`. Not `async`: a `send` is queued on the writer
+/// before this returns, so a connection that dispatches its frames in arrival
+/// order gets its sends sequenced in that order (PROTOCOL §4, P6), while the
+/// answers are awaited concurrently.
+pub fn dispatch(
+    state: &web::Data<AppState>,
+    caller: &TokenOwner,
+    req: Request,
+    transport: &'static str,
+) -> LocalBoxFuture<'static, Result<Reply, ApiError>> {
+    metrics().requests.with_label_values(&[req.op(), transport]).inc();
+    let state = state.clone();
+    let caller = caller.clone();
+    match req {
+        Request::Send { conv, client_msg_id, body } => {
+            let started = Instant::now();
+            let op = WriteOp::Send(SendOp {
+                sender: caller.user_id.clone(),
+                device: caller.device_id.clone(),
+                client_msg_id,
+                body,
+            });
+            let written = state.writer.write(conv, op);
+            async move {
+                let result = written.await;
+                observe_send(started.elapsed());
+                match result? {
+                    Written::Sent(ack) => Ok(Reply { created: !ack.dup, body: send_ack_json(&ack) }),
+                    other => {
+                        tracing::error!(?other, "a send was answered with another outcome");
+                        Err(ApiError::internal())
+                    }
+                }
+            }
+            .boxed_local()
+        }
+        other => async move { run(&state, &caller, other).await }.boxed_local(),
+    }
+}
+
+async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Reply, ApiError> {
+    let user = &caller.user_id;
+    match req {
+        Request::CreateConversation(new) => {
+            let req = match new {
+                NewConversation::Direct { other } => CreateConversation::Direct { creator: user.clone(), other },
+                NewConversation::Group { conv_id, name, members, settings } => {
+                    CreateConversation::Group { creator: user.clone(), conv_id, name, members, settings }
+                }
+            };
+            let created = state.store.create_conversation(&req).await?;
+            let info = created.info;
+            if !created.events.is_empty() {
+                // Nobody was a member before: replaying the joins on an empty
+                // map gives each member the events from its own join on.
+                let appended = Appended {
+                    conv_id: info.conv_id.clone(),
+                    events: created.events,
+                    head: info.head,
+                    members_before: Some(Arc::new(MemberMap::new())),
+                    delivery_mode: info.delivery_mode,
+                };
+                state.delivery.deliver(&info.conv_id, appended);
+            }
+            Ok(Reply { created: created.created, body: conversation_json(&info) })
+        }
+        Request::GetConversation { conv } => {
+            Ok(Reply::ok(conversation_json(&state.store.get_conversation(&conv, user).await?)))
+        }
+        Request::Conversations { limit, cursor } => {
+            let page = state.store.inbox(user, limit, cursor.as_deref()).await?;
+            let items: Vec<Value> = page
+                .items
+                .iter()
+                .map(|item| {
+                    let mut c = conversation_json(&item.conversation);
+                    if let Value::Object(m) = &mut c {
+                        m.insert("read_seq".into(), item.read_seq.into());
+                        m.insert("unread".into(), item.unread.into());
+                        m.insert("last_event".into(), item.last_event.as_ref().map_or(Value::Null, event_json));
+                    }
+                    c
+                })
+                .collect();
+            Ok(Reply::ok(json!({"conversations": items, "next_cursor": page.next_cursor})))
+        }
+        Request::Sync(p) => {
+            let sync = SyncRequest {
+                conv: p.conv,
+                user: user.clone(),
+                after_seq: p.after_seq,
+                before_seq: p.before_seq,
+                limit: p.limit,
+                epoch: p.epoch,
+            };
+            let page = state.store.sync(&sync).await?;
+            let events: Vec<Value> = page.events.iter().map(event_json).collect();
+            let mut body = json!({
+                "events": events,
+                "head": page.head,
+                "min_seq": page.min_seq,
+                "epoch": page.epoch,
+                "next_after": page.next_after,
+                "has_more": page.has_more,
+                "truncated": page.truncated,
+            });
+            if let (Some(next_before), Value::Object(m)) = (page.next_before, &mut body) {
+                m.insert("next_before".into(), next_before.into());
+            }
+            Ok(Reply::ok(body))
+        }
+        Request::Read { conv, seq } => {
+            let read_seq = state.store.mark_read(&conv, user, seq).await?;
+            let frame: Arc<str> = push_read(conv.as_str(), read_seq).into();
+            state.delivery.to_user(user, &frame, Some(&caller.device_id));
+            Ok(Reply::ok(json!({ "read_seq": read_seq })))
+        }
+        Request::Ping => Ok(Reply::ok(json!({ "pong": format_time(chrono::Utc::now()) }))),
+        Request::Send { .. } => Err(ApiError::internal()), // handled in `dispatch`
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ErrorCode;
+
+    fn parse(op: &str, v: Value) -> Result<Request, ApiError> {
+        let Value::Object(m) = v else { panic!("object") };
+        Request::parse(op, &m, 100)
+    }
+
+    #[test]
+    fn fields_are_checked_at_the_edge() {
+        let code = |r: Result<Request, ApiError>| r.err().map(|e| e.code());
+        assert_eq!(code(parse("nope", json!({}))), Some(ErrorCode::BadRequest));
+        assert_eq!(
+            code(parse("send", json!({"conv_id": "c 1", "client_msg_id": "m", "body": 1}))),
+            Some(ErrorCode::BadRequest)
+        );
+        assert_eq!(code(parse("send", json!({"conv_id": "c1", "client_msg_id": "m"}))), Some(ErrorCode::BadRequest));
+        assert_eq!(
+            code(parse("send", json!({"conv_id": "c1", "client_msg_id": "m", "body": "x".repeat(200)}))),
+            Some(ErrorCode::PayloadTooLarge)
+        );
+        assert_eq!(code(parse("sync", json!({"conv_id": "c1", "limit": 0}))), Some(ErrorCode::BadRequest));
+        assert!(
+            matches!(parse("sync", json!({"conv_id": "c1", "after_seq": "7"})), Ok(Request::Sync(p)) if p.after_seq == Some(7))
+        );
+        assert_eq!(
+            code(parse("create_conversation", json!({"kind": "direct", "members": []}))),
+            Some(ErrorCode::BadRequest)
+        );
+        assert!(parse("create_conversation", json!({"kind": "group", "name": "g", "members": ["a"]})).is_ok());
+    }
+}

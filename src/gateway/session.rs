@@ -1,0 +1,304 @@
+//! The WebSocket session (PROTOCOL §4): one actor per connection. The only
+//! module that uses `actix-web-actors` (deprecated upstream; replacing it
+//! means rewriting this file alone).
+//!
+//! * Frames are handled in arrival order; each request runs as a spawned
+//!   future answering through the context, so replies may come in any order
+//!   (`id` pairs them). A `send` is queued on the writer while its frame is
+//!   handled, so one connection's sends to one conversation keep their order.
+//! * Routing (P7): the connection id is allocated at accept, the route is
+//!   registered when the actor starts (a replaced connection is kicked, a stale
+//!   registration closes this one) and removed by compare-and-remove when it
+//!   stops.
+//! * Outbound: pushes arrive as [`Push`] in the actor's mailbox, bounded at
+//!   [`MAILBOX_CAPACITY`]; `Conn::send` uses `try_send`, and an overflow closes
+//!   the connection with 1013 (the client reconnects and syncs). Between the
+//!   mailbox and the socket, actix-http stops polling this actor while its write
+//!   buffer is over its size limit, so a client that does not read backs the
+//!   pushes up into the bounded mailbox, not into memory.
+//! * Heartbeat: a ping every `ws_ping_ms`; silence for `ws_timeout_ms` closes.
+
+use std::time::Instant;
+
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Handler, StreamHandler, WrapFuture};
+use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web_actors::ws::{self, CloseCode, CloseReason, ProtocolError};
+use imcore_actors::registry::{ConnId, Registered};
+use serde_json::{json, Map, Value};
+
+use super::error::ApiError;
+use super::ops::{self, Reply, Request};
+use super::{auth, AppState};
+use crate::delivery::{Conn, KickReason, Push};
+use crate::metrics::metrics;
+use crate::protocol::{push_kicked, ErrorCode};
+use crate::store::TokenOwner;
+
+/// Pushes queued for one connection before it counts as overflowed.
+pub const MAILBOX_CAPACITY: usize = 256;
+
+/// `GET /v1/ws`: authenticates before upgrading (401 otherwise).
+pub async fn upgrade(
+    req: HttpRequest,
+    stream: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, actix_web::Error> {
+    // Allocated at accept, before authentication: the id order is the connection order (P7).
+    let conn_id = state.delivery.routes().next_conn_id();
+    let token = auth::bearer_or_query(&req);
+    let owner = auth::device(&state, token.as_deref()).await?;
+    if state.shutting_down() {
+        return Err(ApiError::new(ErrorCode::Overloaded, "the server is shutting down").into());
+    }
+    let max_frame = state.config.ws_max_frame_bytes;
+    let session = WsSession {
+        state: state.clone(),
+        owner,
+        token: token.unwrap_or_default(),
+        conn_id,
+        last_heard: Instant::now(),
+        inflight: 0,
+        closing: None,
+        fragments: None,
+    };
+    let response = ws::WsResponseBuilder::new(session, &req, stream).frame_size(max_frame).start()?;
+    metrics().ws_accepted.inc();
+    Ok(response)
+}
+
+pub struct WsSession {
+    state: web::Data<AppState>,
+    owner: TokenOwner,
+    /// Kept only to re-check it once registered (a rotation racing the
+    /// upgrade); never logged.
+    token: String,
+    conn_id: ConnId,
+    last_heard: Instant,
+    /// Requests dispatched and not yet answered.
+    inflight: usize,
+    /// A kick waiting for the in-flight requests to be answered (shutdown).
+    closing: Option<KickReason>,
+    /// A fragmented text message being reassembled.
+    fragments: Option<Vec<u8>>,
+}
+
+impl Actor for WsSession {
+    type Context = ws::WebsocketContext<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
+        let recipient = ctx.address().recipient::<Push>();
+        self.state.sessions.insert(self.conn_id, recipient.clone());
+        let routes = self.state.delivery.routes();
+        match routes.register(
+            self.owner.user_id.clone(),
+            self.owner.device_id.clone(),
+            self.conn_id,
+            Conn::new(recipient),
+        ) {
+            Registered::New => {}
+            Registered::Replaced(prev) => {
+                if prev.conn_id != self.conn_id {
+                    prev.recipient.push.do_send(Push::Kick(KickReason::Replaced));
+                }
+            }
+            Registered::Stale { .. } => {
+                self.kick(KickReason::Replaced, ctx);
+                return;
+            }
+        }
+        if self.state.shutting_down() {
+            self.kick(KickReason::Shutdown, ctx);
+            return;
+        }
+        self.recheck_token(ctx);
+        let (every, timeout) = (self.state.config.ws_ping(), self.state.config.ws_timeout());
+        ctx.run_interval(every, move |act, ctx| {
+            if act.last_heard.elapsed() >= timeout {
+                tracing::debug!(conn = %act.conn_id, "heartbeat timeout");
+                metrics().kicks.with_label_values(&["heartbeat_timeout"]).inc();
+                ctx.close(Some(CloseReason { code: CloseCode::Away, description: Some("heartbeat timeout".into()) }));
+                ctx.stop();
+            } else {
+                ctx.ping(b"");
+            }
+        });
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        // Compare-and-remove: a newer connection's route stays (P7).
+        self.state.delivery.routes().unregister(&self.owner.user_id, &self.owner.device_id, self.conn_id);
+        self.state.sessions.remove(&self.conn_id);
+    }
+}
+
+impl WsSession {
+    /// A rotation between this connection's token lookup and its
+    /// registration would have found no route to kick: look again now that
+    /// the route is in place.
+    fn recheck_token(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        let (store, token) = (self.state.store.clone(), std::mem::take(&mut self.token));
+        let owner = self.owner.clone();
+        ctx.spawn(async move { store.resolve_token(&token).await }.into_actor(self).map(move |found, act, ctx| {
+            match found {
+                Ok(Some(o)) if o == owner => {}
+                Ok(_) => act.kick(KickReason::TokenRevoked, ctx),
+                Err(e) => tracing::warn!(error = %e, "token re-check failed"),
+            }
+        }));
+    }
+
+    fn kick(&mut self, reason: KickReason, ctx: &mut ws::WebsocketContext<Self>) {
+        metrics().kicks.with_label_values(&[reason.as_str()]).inc();
+        ctx.text(push_kicked(reason.as_str()));
+        let code = match reason {
+            KickReason::Shutdown => CloseCode::Away,
+            KickReason::Replaced => CloseCode::Normal,
+            KickReason::TokenRevoked => CloseCode::Policy,
+        };
+        ctx.close(Some(CloseReason { code, description: Some(reason.as_str().into()) }));
+        ctx.stop();
+    }
+
+    fn reply(ctx: &mut ws::WebsocketContext<Self>, id: Option<&Value>, result: Result<Reply, ApiError>) {
+        let mut out = Map::new();
+        if let Some(id) = id {
+            out.insert("id".into(), id.clone());
+        }
+        match result {
+            Ok(reply) => {
+                out.insert("ok".into(), true.into());
+                match reply.body {
+                    Value::Object(fields) => out.extend(fields),
+                    other => {
+                        out.insert("result".into(), other);
+                    }
+                }
+            }
+            Err(e) => {
+                e.count();
+                out.insert("ok".into(), false.into());
+                out.insert("error".into(), json!(e.0));
+            }
+        }
+        ctx.text(Value::Object(out).to_string());
+    }
+
+    fn on_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        let frame = match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => return Self::reply(ctx, None, Err(ApiError::bad_request("a request is a JSON object"))),
+            Err(e) => return Self::reply(ctx, None, Err(ApiError::bad_request(format!("malformed JSON: {e}")))),
+        };
+        let id = match frame.get("id") {
+            Some(v @ Value::Number(n)) if n.is_i64() || n.is_u64() => v.clone(),
+            _ => return Self::reply(ctx, None, Err(ApiError::bad_request("`id` must be an integer"))),
+        };
+        let Some(op) = frame.get("op").and_then(Value::as_str) else {
+            return Self::reply(ctx, Some(&id), Err(ApiError::bad_request("`op` must be a string")));
+        };
+        if self.closing.is_some() {
+            let e = ApiError::new(ErrorCode::Overloaded, "the server is shutting down; retry after reconnecting");
+            return Self::reply(ctx, Some(&id), Err(e));
+        }
+        let req = match Request::parse(op, &frame, self.state.config.max_body_bytes) {
+            Ok(req) => req,
+            Err(e) => return Self::reply(ctx, Some(&id), Err(e)),
+        };
+        // Dispatched now, in frame order (a send is queued before this returns).
+        let answer = ops::dispatch(&self.state, &self.owner, req, "ws");
+        self.inflight += 1;
+        ctx.spawn(answer.into_actor(self).map(move |result, act, ctx| {
+            act.inflight -= 1;
+            Self::reply(ctx, Some(&id), result);
+            if act.inflight == 0 {
+                if let Some(reason) = act.closing {
+                    act.kick(reason, ctx);
+                }
+            }
+        }));
+    }
+}
+
+impl StreamHandler<Result<ws::Message, ProtocolError>> for WsSession {
+    fn handle(&mut self, msg: Result<ws::Message, ProtocolError>, ctx: &mut Self::Context) {
+        self.last_heard = Instant::now();
+        let max = self.state.config.ws_max_frame_bytes;
+        match msg {
+            Ok(ws::Message::Text(text)) => self.on_text(&text, ctx),
+            Ok(ws::Message::Binary(_)) => {
+                Self::reply(ctx, None, Err(ApiError::bad_request("binary frames are not supported; send JSON text")))
+            }
+            Ok(ws::Message::Continuation(item)) => {
+                let (first, chunk, last) = match item {
+                    actix_http::ws::Item::FirstText(b) => (true, b, false),
+                    actix_http::ws::Item::FirstBinary(b) => (true, b, false),
+                    actix_http::ws::Item::Continue(b) => (false, b, false),
+                    actix_http::ws::Item::Last(b) => (false, b, true),
+                };
+                let buf = if first {
+                    self.fragments.insert(Vec::new())
+                } else {
+                    match self.fragments.as_mut() {
+                        Some(buf) => buf,
+                        None => return,
+                    }
+                };
+                buf.extend_from_slice(&chunk);
+                if buf.len() > max {
+                    self.fragments = None;
+                    ctx.close(Some(CloseReason {
+                        code: CloseCode::Size,
+                        description: Some("message too large".into()),
+                    }));
+                    ctx.stop();
+                } else if last {
+                    let whole = self.fragments.take().unwrap_or_default();
+                    match String::from_utf8(whole) {
+                        Ok(text) => self.on_text(&text, ctx),
+                        Err(_) => Self::reply(ctx, None, Err(ApiError::bad_request("a text message must be UTF-8"))),
+                    }
+                }
+            }
+            Ok(ws::Message::Ping(p)) => ctx.pong(&p),
+            Ok(ws::Message::Pong(_)) | Ok(ws::Message::Nop) => {}
+            Ok(ws::Message::Close(reason)) => {
+                ctx.close(reason);
+                ctx.stop();
+            }
+            Err(ProtocolError::Overflow) => {
+                ctx.close(Some(CloseReason {
+                    code: CloseCode::Size,
+                    description: Some(format!("frame over {max} bytes")),
+                }));
+                ctx.stop();
+            }
+            Err(e) => {
+                tracing::debug!(conn = %self.conn_id, error = %e, "websocket protocol error");
+                ctx.close(Some(CloseReason { code: CloseCode::Protocol, description: None }));
+                ctx.stop();
+            }
+        }
+    }
+}
+
+impl Handler<Push> for WsSession {
+    type Result = ();
+
+    fn handle(&mut self, push: Push, ctx: &mut Self::Context) {
+        match push {
+            Push::Frame(frame) => ctx.text(&*frame),
+            Push::Overflowed => {
+                metrics().kicks.with_label_values(&["overflowed"]).inc();
+                ctx.close(Some(CloseReason {
+                    code: CloseCode::Again,
+                    description: Some("outbound queue overflowed; resync".into()),
+                }));
+                ctx.stop();
+            }
+            // Shutdown: answer what is in flight first, then say goodbye.
+            Push::Kick(KickReason::Shutdown) if self.inflight > 0 => self.closing = Some(KickReason::Shutdown),
+            Push::Kick(reason) => self.kick(reason, ctx),
+        }
+    }
+}

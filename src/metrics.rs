@@ -1,0 +1,114 @@
+//! Prometheus metrics (PROTOCOL §6 `/metrics`): requests, errors by code, send
+//! latency, batch sizes, live connections, live conversation actors, pool state.
+//!
+//! Counters and histograms live in one process-wide registry, so the store can
+//! record batch sizes without a handle. Gauges that mirror state owned
+//! elsewhere (routes, actors, pool) are sampled when `/metrics` is scraped,
+//! never kept in step by hand.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    /// `op`, `transport` (`ws` | `http`).
+    pub requests: IntCounterVec,
+    /// `code`: PROTOCOL §2 code of every error answer.
+    pub errors: IntCounterVec,
+    /// Seconds from a parsed `send` to its answer (queue + batch + commit).
+    pub send_latency: Histogram,
+    /// Ops per committed write transaction.
+    pub batch_size: Histogram,
+    /// WebSocket sessions accepted since start.
+    pub ws_accepted: IntCounter,
+    /// Pushes of the kinds a session sends itself (`kicked`, `read`, …) by reason.
+    pub kicks: IntCounterVec,
+    /// Sampled at scrape: routed connections, open sessions.
+    pub connections: IntGaugeVec,
+    /// Sampled at scrape: conversation actors alive (actor write path).
+    pub live_actors: IntGauge,
+    /// Sampled at scrape: pool `connections` and `idle`.
+    pub pool: IntGaugeVec,
+}
+
+fn build() -> Result<Metrics, prometheus::Error> {
+    let registry = Registry::new_custom(Some("imcore".into()), None)?;
+    let requests =
+        IntCounterVec::new(Opts::new("requests_total", "Requests handled, by op and transport"), &["op", "transport"])?;
+    let errors = IntCounterVec::new(Opts::new("errors_total", "Error answers, by PROTOCOL code"), &["code"])?;
+    let send_latency = Histogram::with_opts(
+        HistogramOpts::new("send_latency_seconds", "Time from a parsed send to its answer")
+            .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]),
+    )?;
+    let batch_size = Histogram::with_opts(
+        HistogramOpts::new("write_batch_ops", "Ops per committed write transaction")
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]),
+    )?;
+    let ws_accepted = IntCounter::new("ws_accepted_total", "WebSocket sessions accepted")?;
+    let kicks =
+        IntCounterVec::new(Opts::new("ws_closed_total", "Sessions closed by the server, by reason"), &["reason"])?;
+    let connections = IntGaugeVec::new(
+        Opts::new("connections", "Live connections: kind=routed (route registry), kind=sessions (open sockets)"),
+        &["kind"],
+    )?;
+    let live_actors = IntGauge::new("live_conversation_actors", "Conversation actors alive")?;
+    let pool = IntGaugeVec::new(
+        Opts::new(
+            "db_pool",
+            "Database pool: state=connections|idle|pending_gets|waited_gets_total|timed_out_gets_total|wait_ms_total",
+        ),
+        &["state"],
+    )?;
+    registry.register(Box::new(requests.clone()))?;
+    registry.register(Box::new(errors.clone()))?;
+    registry.register(Box::new(send_latency.clone()))?;
+    registry.register(Box::new(batch_size.clone()))?;
+    registry.register(Box::new(ws_accepted.clone()))?;
+    registry.register(Box::new(kicks.clone()))?;
+    registry.register(Box::new(connections.clone()))?;
+    registry.register(Box::new(live_actors.clone()))?;
+    registry.register(Box::new(pool.clone()))?;
+    Ok(Metrics {
+        registry,
+        requests,
+        errors,
+        send_latency,
+        batch_size,
+        ws_accepted,
+        kicks,
+        connections,
+        live_actors,
+        pool,
+    })
+}
+
+static METRICS: LazyLock<Metrics> =
+    LazyLock::new(|| build().unwrap_or_else(|e| unreachable!("metric definitions are static and valid: {e}")));
+
+pub fn metrics() -> &'static Metrics {
+    &METRICS
+}
+
+/// Called by the store once per committed write transaction.
+pub fn observe_batch(ops: usize) {
+    METRICS.batch_size.observe(ops as f64);
+}
+
+pub fn observe_send(elapsed: Duration) {
+    METRICS.send_latency.observe(elapsed.as_secs_f64());
+}
+
+impl Metrics {
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

@@ -1,0 +1,183 @@
+//! The inbox (PROTOCOL §5 `conversations`): the conversations a user is a
+//! current member of, most recently active first, each with the user's read
+//! cursor, its unread count and the newest event the user can see.
+//!
+//! One statement, so one snapshot: the page of conversations is chosen first
+//! (the user's `members` rows by `members_by_user`, each checked against its
+//! open period — the truth of visibility — and sorted by
+//! `conversations.last_event_at`), and only the rows of that page then probe
+//! `events` by its primary key: a backward scan for the last event, and a
+//! forward range scan after the cursor for the unread count, stopped after
+//! [`UNREAD_CAP`] countable rows. Nothing scans a conversation's whole log.
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use imcore_actors::{ConvId, UserId};
+use tokio_postgres::types::Type;
+
+use super::conversations::{conversation_from_row_at, CONVERSATION_COLUMNS};
+use super::sync::event_from_row;
+use super::{ConversationInfo, Store, StoreError};
+use crate::domain::{Event, Rejection};
+
+pub const INBOX_DEFAULT_LIMIT: i64 = 50;
+pub const INBOX_MAX_LIMIT: i64 = 200;
+/// Unread counts are exact below this; this value itself means "999+".
+pub const UNREAD_CAP: i64 = 1000;
+
+#[derive(Debug, Clone)]
+pub struct InboxPage {
+    /// Most recently active first (`last_event_at` descending, then `conv_id`).
+    pub items: Vec<InboxItem>,
+    /// Pass as `cursor` for the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct InboxItem {
+    pub conversation: ConversationInfo,
+    /// 0 when the user never marked anything read.
+    pub read_seq: i64,
+    /// Visible, unrecalled `msg` events from others after `read_seq`, exact up
+    /// to 999; [`UNREAD_CAP`] means "999+".
+    pub unread: i64,
+    /// The newest event the user can see (`None` only when retention purged
+    /// everything of its current period).
+    pub last_event: Option<Event>,
+}
+
+/// $1 user, $2 cursor time (NULL: first page), $3 cursor conv_id, $4 page rows
+/// to fetch. Columns: the event columns of `sync` (0–13, NULL when there is no
+/// visible event), the conversation (14–29), read_seq, unread, last_event_at.
+///
+/// The unread count's `ORDER BY e.seq` is there for the plan: it makes the
+/// count an ordered `events_pkey` scan that stops after [`UNREAD_CAP`] rows. A
+/// bitmap scan, which the planner may pick otherwise, reads the whole range
+/// after the cursor before the LIMIT applies.
+///
+/// The keyset mixes directions (time descending, id ascending), so the cursor
+/// condition is spelled out rather than a row comparison. The `page` subquery
+/// has a LIMIT, so PostgreSQL cannot flatten it: the LATERALs run only for
+/// the rows of the page, never for every conversation of the user.
+pub static INBOX_PAGE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
+WITH page AS (
+  SELECT m.conv_id, p.from_seq
+    FROM members m
+    JOIN membership_periods p ON p.conv_id = m.conv_id AND p.user_id = m.user_id AND p.to_seq IS NULL
+    JOIN conversations c ON c.conv_id = m.conv_id
+   WHERE m.user_id = $1
+     AND ($2 IS NULL OR c.last_event_at < $2 OR (c.last_event_at = $2 AND c.conv_id > $3))
+   ORDER BY c.last_event_at DESC, c.conv_id
+   LIMIT $4)
+SELECT le.seq, le.kind, le.created_at, le.message_id, le.sender_user, le.sender_device, le.client_msg_id,
+       le.body, le.subject_user, le.actor, le.reason, le.target_seq, le.change, le.recalled,
+       {CONVERSATION_COLUMNS},
+       coalesce(rc.read_seq, 0), u.unread, c.last_event_at
+  FROM page
+  JOIN conversations c ON c.conv_id = page.conv_id
+  LEFT JOIN read_cursors rc ON rc.user_id = $1 AND rc.conv_id = page.conv_id
+  LEFT JOIN LATERAL (
+    SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device, e.client_msg_id,
+           e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled
+      FROM events e
+     WHERE e.conv_id = page.conv_id AND e.seq >= page.from_seq
+     ORDER BY e.seq DESC LIMIT 1) le ON true
+  CROSS JOIN LATERAL (
+    SELECT count(*) AS unread FROM (
+      SELECT 1 FROM events e
+       WHERE e.conv_id = page.conv_id
+         AND e.seq > greatest(coalesce(rc.read_seq, 0), page.from_seq - 1)
+         AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1
+       ORDER BY e.seq LIMIT {UNREAD_CAP}) x) u
+ ORDER BY c.last_event_at DESC, c.conv_id"
+    )
+});
+
+/// Column of the conversation in [`INBOX_PAGE`]; the event columns come first.
+const CONV_AT: usize = 14;
+
+impl Store {
+    /// One page of `user`'s inbox. `limit` is clamped to 1..=[`INBOX_MAX_LIMIT`]
+    /// (callers pass [`INBOX_DEFAULT_LIMIT`] when the client gave none);
+    /// `cursor` is a `next_cursor` from an earlier page — anything else is
+    /// `BAD_REQUEST`.
+    pub async fn inbox(&self, user: &UserId, limit: i64, cursor: Option<&str>) -> Result<InboxPage, StoreError> {
+        let limit = limit.clamp(1, INBOX_MAX_LIMIT);
+        let (after_time, after_conv) = match cursor {
+            Some(c) => {
+                let (t, conv) = decode_cursor(c).ok_or_else(|| Rejection::BadRequest("malformed cursor".into()))?;
+                (Some(t), Some(conv))
+            }
+            None => (None, None),
+        };
+        let fetch = limit + 1;
+        let conn = self.pool.get().await?;
+        let rows = conn
+            .query_typed(
+                &INBOX_PAGE,
+                &[
+                    (&user.as_str(), Type::TEXT),
+                    (&after_time, Type::TIMESTAMPTZ),
+                    (&after_conv.as_ref().map(ConvId::as_str), Type::TEXT),
+                    (&fetch, Type::INT8),
+                ],
+            )
+            .await?;
+        let more = rows.len() as i64 > limit;
+        let mut next_cursor = None;
+        let mut items = Vec::with_capacity(rows.len().min(limit as usize));
+        for r in rows.iter().take(limit as usize) {
+            let conversation = conversation_from_row_at(r, CONV_AT);
+            let last_event = match r.get::<_, Option<i64>>(0) {
+                Some(_) => event_from_row(&conversation.conv_id, r),
+                None => None,
+            };
+            let last_event_at: DateTime<Utc> = r.get(CONV_AT + 18);
+            if more {
+                next_cursor = Some(encode_cursor(last_event_at, &conversation.conv_id));
+            }
+            items.push(InboxItem {
+                read_seq: r.get(CONV_AT + 16),
+                unread: r.get(CONV_AT + 17),
+                last_event,
+                conversation,
+            });
+        }
+        Ok(InboxPage { items, next_cursor })
+    }
+}
+
+/// Opaque to clients: hex of `<last_event_at in µs since the epoch>:<conv_id>`
+/// (PostgreSQL keeps microseconds, so the position round-trips exactly).
+fn encode_cursor(at: DateTime<Utc>, conv: &ConvId) -> String {
+    hex::encode(format!("{}:{}", at.timestamp_micros(), conv.as_str()))
+}
+
+fn decode_cursor(cursor: &str) -> Option<(DateTime<Utc>, ConvId)> {
+    let raw = String::from_utf8(hex::decode(cursor).ok()?).ok()?;
+    let (micros, conv) = raw.split_once(':')?;
+    let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+    Some((at, ConvId::parse(conv).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_round_trips_its_position() {
+        let at = DateTime::from_timestamp_micros(1_790_000_000_123_456).expect("time");
+        let conv = ConvId::parse("g-a:b.c@d").expect("conv");
+        assert_eq!(decode_cursor(&encode_cursor(at, &conv)), Some((at, conv)));
+    }
+
+    #[test]
+    fn a_malformed_cursor_decodes_to_nothing() {
+        for bad in ["", "zz", "abc", &hex::encode("nocolon"), &hex::encode("x:g-1"), &hex::encode("1:bad id")] {
+            assert_eq!(decode_cursor(bad), None, "{bad}");
+        }
+    }
+}
