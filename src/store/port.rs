@@ -4,7 +4,7 @@ use std::future::Future;
 
 use imcore_actors::{BatchCommitted, ConvId, ConversationStore};
 
-use super::write::{Appended, ConvCache, WriteOp, WriteOutcome};
+use super::write::{Appended, BatchJob, ConvCache, WriteOp, WriteOutcome};
 use super::{Store, StoreError};
 
 impl ConversationStore for Store {
@@ -22,7 +22,10 @@ impl ConversationStore for Store {
     ) -> impl Future<Output = Result<BatchCommitted<Self>, StoreError>> + Send + 'static {
         let store = self.clone();
         async move {
-            let (written, cache) = store.write_batch(&conv, cache, &ops).await?;
+            let (written, cache) = match &store.commit_stage {
+                Some(stage) => stage.commit(BatchJob { conv, cache, ops }).await?,
+                None => store.write_batch(&conv, cache, &ops).await?,
+            };
             Ok(BatchCommitted { outcomes: written.outcomes, cache, committed: written.appended })
         }
     }
