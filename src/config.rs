@@ -61,6 +61,15 @@ pub struct Config {
     #[arg(long, env = "IMCORE_ACTOR_IDLE_MS", default_value_t = 60_000)]
     pub actor_idle_ms: u64,
 
+    /// Workers of the commit stage, which merges the batches of several
+    /// conversations into one transaction (0: one transaction per batch).
+    #[arg(long, env = "IMCORE_COMMIT_WORKERS", default_value_t = 2)]
+    pub commit_workers: usize,
+
+    /// Most ops in one merged transaction of the commit stage.
+    #[arg(long, env = "IMCORE_COMMIT_MAX_OPS", default_value_t = 4096)]
+    pub commit_max_ops: usize,
+
     /// Threads conversation actors run on.
     #[arg(long, env = "IMCORE_ARBITERS", default_value_t = default_arbiters())]
     pub arbiters: usize,
@@ -101,6 +110,8 @@ impl Config {
             max_batch: 1024,
             max_queue: 8192,
             actor_idle_ms: 60_000,
+            commit_workers: 2,
+            commit_max_ops: 4096,
             arbiters: default_arbiters(),
             ws_ping_ms: 15_000,
             ws_timeout_ms: 45_000,

@@ -59,6 +59,7 @@ impl Application {
         };
         let listener = TcpListener::bind(config.listen).map_err(|e| StartupError::Io("bind listener", e))?;
         let port = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?.port();
+        let store = store.with_commit_stage(config.commit_workers, config.commit_max_ops);
         let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
         let writer =
             Writer::new(config.write_path, store.clone(), delivery.clone(), config.actor_config(), config.arbiters);

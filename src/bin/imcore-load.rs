@@ -44,6 +44,9 @@ struct Args {
     /// Database connections.
     #[arg(long, default_value_t = 16)]
     pool_size: u32,
+    /// Commit-stage workers of the actor path (0: one transaction per conversation batch).
+    #[arg(long, default_value_t = 2)]
+    commit_workers: usize,
     #[arg(long, default_value = "evidence/bench/hot-group.json")]
     out: PathBuf,
 }
@@ -95,8 +98,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     // Many quiet conversations: random senders over `conversations` groups of 4.
-    for path in [WritePath::Actor, WritePath::Direct] {
-        let r = many_conversations(&store, path, &users, &args, &run_id).await?;
+    // The actor path with and without the commit stage that merges conversations.
+    for (path, workers) in [(WritePath::Actor, args.commit_workers), (WritePath::Actor, 0), (WritePath::Direct, 0)] {
+        let r = many_conversations(&store, path, workers, &users, &args, &run_id).await?;
         eprintln!("{}", summary_line(&r));
         runs.push(r);
     }
@@ -106,7 +110,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let half = hot_group(&store, WritePath::Actor, &users, &conv, top, &args, Some(max_actor_rate / 2.0)).await?;
     eprintln!("{}", summary_line(&half));
     let ceiling = ceiling(&store, &args, &run_id).await?;
-    eprintln!("ceiling (1,000-row INSERT transactions, no lock, no checks): {:.0} rows/s", ceiling);
+    eprintln!("ceiling (1,000-row INSERT transactions, one stream, no lock, no checks): {ceiling:.0} rows/s");
 
     let ratio = |scenario: &str, senders: usize| {
         let rate = |p: &str| {
@@ -231,9 +235,13 @@ fn body(n: u64) -> Body {
     Body::parse(&v, 16 * 1024).unwrap_or_else(|_| unreachable!("small body"))
 }
 
-fn writer(store: &Store, path: WritePath) -> Writer {
+fn writer(store: &Store, path: WritePath, commit_workers: usize) -> Writer {
+    let store = match path {
+        WritePath::Actor => store.clone().with_commit_stage(commit_workers, 4096),
+        WritePath::Direct => store.clone(),
+    };
     let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
-    Writer::new(path, store.clone(), delivery, ActorConfig::default(), 2)
+    Writer::new(path, store, delivery, ActorConfig::default(), 2)
 }
 
 /// One group, `senders` closed-loop senders (each its own device and key
@@ -247,7 +255,7 @@ async fn hot_group(
     args: &Args,
     rate: Option<f64>,
 ) -> Result<Run, Box<dyn std::error::Error>> {
-    let writer = writer(store, path);
+    let writer = writer(store, path, args.commit_workers);
     let convs = vec![conv.clone()];
     let (acks, failed, elapsed) = drive(&writer, &convs, users, senders, args, rate).await;
     writer.shutdown().await;
@@ -271,6 +279,7 @@ async fn hot_group(
 async fn many_conversations(
     store: &Store,
     path: WritePath,
+    commit_workers: usize,
     users: &[UserId],
     args: &Args,
     run_id: &str,
@@ -281,7 +290,7 @@ async fn many_conversations(
         let created = store
             .create_conversation(&CreateConversation::Group {
                 creator: users[i % users.len()].clone(),
-                conv_id: Some(ConvId::parse(&format!("many-{run_id}-{}-{i}", path_name(path)))?),
+                conv_id: Some(ConvId::parse(&format!("many-{run_id}-{}{commit_workers}-{i}", path_name(path)))?),
                 name: "many".into(),
                 members,
                 settings: GroupSettings::default(),
@@ -289,14 +298,18 @@ async fn many_conversations(
             .await?;
         convs.push(created.info.conv_id);
     }
-    let writer = writer(store, path);
+    let writer = writer(store, path, commit_workers);
     let senders = 256;
     let (acks, failed, elapsed) = drive(&writer, &convs, users, senders, args, None).await;
     writer.shutdown().await;
     let verified = verify(store, &convs, &acks).await?;
     let batch = batch_sizes(store, &convs).await?;
     Ok(Run {
-        scenario: "many-conversations",
+        scenario: if path == WritePath::Actor && commit_workers == 0 {
+            "many-conversations-no-commit-stage"
+        } else {
+            "many-conversations"
+        },
         write_path: path_name(path),
         senders,
         conversations: convs.len(),
@@ -433,7 +446,10 @@ async fn verify(store: &Store, convs: &[ConvId], acks: &[Ack]) -> Result<bool, B
         conn.query_one("SELECT count(*) FROM events WHERE conv_id = ANY($1) AND kind = 'msg'", &[&ids]).await?.get(0);
     let ok = broken == 0 && mismatched == 0 && stored == acks.len() as i64;
     if !ok {
-        eprintln!("verification failed: {broken} broken logs, {mismatched} acks unlike their rows, {stored} rows for {} acks", acks.len());
+        eprintln!(
+            "verification failed: {broken} broken logs, {mismatched} acks unlike their rows, {stored} rows for {} acks",
+            acks.len()
+        );
     }
     Ok(ok)
 }
@@ -452,14 +468,14 @@ async fn batch_sizes(store: &Store, convs: &[ConvId]) -> Result<(f64, i64), Box<
     Ok((r.get(0), r.get(1)))
 }
 
-/// The same rows with no lock and no checks: 1,000-row INSERT transactions
-/// from two writers (one per core), for as long as a hot-group run.
+/// The same rows with no lock and no checks: 1,000-row INSERT transactions,
+/// one after another — one stream, as one hot conversation is.
 async fn ceiling(store: &Store, args: &Args, run_id: &str) -> Result<f64, Box<dyn std::error::Error>> {
     let conv = format!("ceiling-{run_id}");
     let rows = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(args.seconds.min(5));
     let started = Instant::now();
-    let writers = (0..2).map(|w| {
+    let writers = (0..1).map(|w| {
         let (store, rows, conv) = (store.clone(), rows.clone(), conv.clone());
         async move {
             let mut batch = 0i64;

@@ -6,6 +6,7 @@
 //! trips, not across fsync (ARCHITECTURE §3).
 
 mod accounts;
+mod commit_stage;
 mod conversations;
 mod inbox;
 mod migrate;
@@ -23,13 +24,14 @@ use tokio_postgres::NoTls;
 use crate::domain::Rejection;
 
 pub use accounts::{DeviceToken, TokenOwner};
+use commit_stage::CommitStage;
 pub use conversations::{ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use sync::{SyncPage, SyncRequest, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
-    Appended, ConvCache, JoinOp, LeaveOp, MemberMap, MemberState, SendAck, SendOp, WriteOp, WriteOutcome, Written,
-    WrittenBatch,
+    Appended, BatchJob, ConvCache, JoinOp, LeaveOp, MemberMap, MemberState, SendAck, SendOp, WriteOp, WriteOutcome,
+    Written, WrittenBatch,
 };
 
 pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
@@ -50,6 +52,9 @@ pub enum StoreError {
     Pool(#[from] bb8::RunError<tokio_postgres::Error>),
     #[error("invalid DATABASE_URL: {0}")]
     Config(String),
+    /// A transaction shared by several conversations' batches failed.
+    #[error("shared write transaction failed: {0}")]
+    Shared(String),
 }
 
 impl StoreError {
@@ -66,6 +71,9 @@ impl StoreError {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// Where actor batches are committed, merged across conversations; unset:
+    /// one transaction per batch.
+    commit_stage: Option<CommitStage>,
 }
 
 impl Store {
@@ -80,7 +88,14 @@ impl Store {
         let manager = PostgresConnectionManager::new(config, NoTls);
         let pool =
             bb8::Pool::builder().max_size(pool_size).connection_timeout(Duration::from_secs(10)).build(manager).await?;
-        Ok(Self { pool })
+        Ok(Self { pool, commit_stage: None })
+    }
+
+    /// Routes actor batches through a commit stage of `workers` merging
+    /// workers (0: none). Must run inside a Tokio runtime.
+    pub fn with_commit_stage(mut self, workers: usize, max_ops: usize) -> Self {
+        self.commit_stage = (workers > 0).then(|| CommitStage::start(self.clone(), workers, max_ops));
+        self
     }
 
     pub fn pool(&self) -> &Pool {

@@ -4,7 +4,7 @@ use std::future::Future;
 
 use imcore_actors::{BatchCommitted, ConvId, ConversationStore};
 
-use super::write::{Appended, ConvCache, WriteOp, WriteOutcome};
+use super::write::{Appended, BatchJob, ConvCache, WriteOp, WriteOutcome};
 use super::{Store, StoreError};
 
 impl ConversationStore for Store {
@@ -22,8 +22,11 @@ impl ConversationStore for Store {
     ) -> impl Future<Output = Result<BatchCommitted<Self>, StoreError>> + Send + 'static {
         let store = self.clone();
         async move {
-            let (written, cache) = store.write_batch(&conv, cache, &ops).await?;
-            crate::metrics::observe_batch(ops.len());
+            let (written, cache) = match &store.commit_stage {
+                Some(stage) => stage.commit(BatchJob { conv, cache, ops }).await?,
+                None => store.write_batch(&conv, cache, &ops).await?,
+            };
+            crate::metrics::observe_batch(written.outcomes.len());
             Ok(BatchCommitted { outcomes: written.outcomes, cache, committed: written.appended })
         }
     }

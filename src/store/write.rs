@@ -132,43 +132,54 @@ struct ConvRow {
     mute_all: bool,
     join_mode: JoinMode,
     delivery_mode: DeliveryMode,
+    /// Retention purged something once (`min_seq > 1`), so tombstones may exist.
+    purged: bool,
     /// Transaction time, in ms: the `created_at` of everything the batch appends.
     now: DateTime<Utc>,
 }
 
-const LOCK_CONVERSATION: &str = "
-SELECT status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, join_mode,
-       delivery_mode, date_trunc('milliseconds', now())
-  FROM conversations WHERE conv_id = $1 FOR UPDATE";
+/// Rows are locked in `conv_id` order, so two transactions that each lock
+/// several conversations never deadlock.
+const LOCK_CONVERSATIONS: &str = "
+SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, join_mode,
+       delivery_mode, min_seq, date_trunc('milliseconds', now())
+  FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR UPDATE";
 
 /// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
-/// join against the key list can scan the whole conversation).
+/// join against the key list can scan the whole conversation). Tombstones are
+/// probed only where retention ever purged (`min_seq > 1`).
 const LOOKUP_REQUEST_KEYS: &str = "
-SELECT k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash IS NOT NULL
-  FROM unnest($2::text[], $3::text[]) AS k(u, c)
+SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash IS NOT NULL
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[]) AS k(conv, u, c, purged)
   LEFT JOIN LATERAL (SELECT seq, message_id, request_hash, created_at FROM events
-                      WHERE conv_id = $1 AND sender_user = k.u AND client_msg_id = k.c LIMIT 1) e ON true
+                      WHERE conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c LIMIT 1) e ON true
   LEFT JOIN LATERAL (SELECT request_hash FROM idem_tombstones
-                      WHERE conv_id = $1 AND sender_user = k.u AND client_msg_id = k.c) t ON true
+                      WHERE k.purged AND conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c) t ON true
  WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
 
-const LOAD_MEMBERS: &str = "SELECT user_id, role, mute_until FROM members WHERE conv_id = $1";
+const LOAD_MEMBERS: &str = "SELECT conv_id, user_id, role, mute_until FROM members WHERE conv_id = ANY($1::text[])";
 
 const LOOKUP_MEMBERS: &str = "
-SELECT user_id, role, mute_until FROM members WHERE conv_id = $1 AND user_id = ANY($2::text[])";
+SELECT m.conv_id, m.user_id, m.role, m.mute_until
+  FROM unnest($1::text[], $2::text[]) AS q(conv, u)
+  JOIN members m ON m.conv_id = q.conv AND m.user_id = q.u";
 
 const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::text[])";
 
+/// Every event of every conversation of the transaction, and every
+/// conversation row, in one statement.
 const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
                       body, subject_user, actor, reason, created_at)
-  SELECT $1, e.*, $13
-    FROM unnest($2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[], $9::text[],
-                $10::text[], $11::text[], $12::text[]) AS e)
-UPDATE conversations
-   SET next_seq = $14, member_version = member_version + $15, member_count = $16, last_event_at = $13
- WHERE conv_id = $1";
+  SELECT e.*, $13
+    FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
+                $9::text[], $10::text[], $11::text[], $12::text[]) AS e)
+UPDATE conversations c
+   SET next_seq = u.next_seq, member_version = c.member_version + u.bump, member_count = u.members,
+       last_event_at = $13
+  FROM unnest($14::text[], $15::int8[], $16::int8[], $17::int4[]) AS u(conv, next_seq, bump, members)
+ WHERE c.conv_id = u.conv";
 
 const OPEN_PERIODS: &str = "
 WITH opened AS (
@@ -184,26 +195,44 @@ WITH closed AS (
    WHERE p.conv_id = $1 AND p.user_id = l.u AND p.to_seq IS NULL)
 DELETE FROM members WHERE conv_id = $1 AND user_id = ANY($2)";
 
+/// One conversation's share of a write transaction.
+#[derive(Debug)]
+pub struct BatchJob {
+    pub conv: ConvId,
+    pub cache: ConvCache,
+    pub ops: Vec<WriteOp>,
+}
+
 impl Store {
     /// Commits `ops` in order in one transaction (`cache` may be stale or empty).
     pub async fn write_batch(
         &self,
         conv: &ConvId,
-        mut cache: ConvCache,
+        cache: ConvCache,
         ops: &[WriteOp],
     ) -> Result<(WrittenBatch, ConvCache), StoreError> {
+        let job = BatchJob { conv: conv.clone(), cache, ops: ops.to_vec() };
+        let mut done = self.write_batches(vec![job]).await?;
+        done.pop().ok_or_else(|| StoreError::Config("write batch returned nothing".into()))
+    }
+
+    /// Commits the batches of several conversations (distinct `conv`s) in one
+    /// transaction: one lock statement (rows in `conv_id` order), one lookup of
+    /// every request key, one INSERT of every event. Each conversation's ops
+    /// keep their order and their own outcomes; a database error fails all.
+    pub async fn write_batches(&self, mut jobs: Vec<BatchJob>) -> Result<Vec<(WrittenBatch, ConvCache)>, StoreError> {
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
-        let written = apply_ops(&tx, conv, &mut cache, ops).await?;
+        let written = apply_batches(&tx, &mut jobs).await?;
         tx.commit().await?;
-        Ok((written, cache))
+        Ok(written.into_iter().zip(jobs.into_iter().map(|j| j.cache)).collect())
     }
 
     /// The current members of a conversation.
     pub async fn member_map(&self, conv: &ConvId) -> Result<MemberMap, StoreError> {
         let conn = self.pool.get().await?;
-        let rows = conn.query_typed(LOAD_MEMBERS, &[(&conv.as_str(), Type::TEXT)]).await?;
-        Ok(member_rows(&rows))
+        let rows = conn.query_typed(LOAD_MEMBERS, &[(&vec![conv.as_str()], Type::TEXT_ARRAY)]).await?;
+        Ok(member_rows(&rows).remove(conv).unwrap_or_default())
     }
 
     /// The `direct` write path: one op, one transaction, no cache.
@@ -214,71 +243,96 @@ impl Store {
     }
 }
 
-/// Applies `ops` inside `tx`, which the caller commits. Checks run in the order
-/// of PROTOCOL §5 `send`, all under the conversation row lock.
+/// Applies one conversation's `ops` inside `tx`, which the caller commits.
 pub(super) async fn apply_ops(
     tx: &Transaction<'_>,
     conv: &ConvId,
     cache: &mut ConvCache,
     ops: &[WriteOp],
 ) -> Result<WrittenBatch, StoreError> {
-    let Some(row) = lock_conversation(tx, conv).await? else {
-        // No existence leak: an unknown conversation answers like a non-member.
-        let outcomes = ops.iter().map(|_| Err(Rejection::NotMember)).collect();
-        let appended = Appended {
-            conv_id: conv.clone(),
-            events: vec![],
-            head: 0,
-            members_before: None,
-            delivery_mode: DeliveryMode::Push,
-        };
-        return Ok(WrittenBatch { outcomes, appended });
-    };
-    if !cache.complete || cache.member_version != Some(row.member_version) {
-        cache.members = Arc::new(load_members(tx, conv, ops, cache.complete).await?);
-        cache.member_version = Some(row.member_version);
-    }
-    let prior = lookup_request_keys(tx, conv, ops).await?;
-    let known_users = lookup_joiners(tx, ops).await?;
-    let members_before = cache.complete.then(|| cache.members.clone());
-
-    let mut b = BatchBuilder::new(conv, &row);
-    let mut outcomes = Vec::with_capacity(ops.len());
-    for op in ops {
-        let outcome = match op {
-            WriteOp::Send(s) => b.send(s, &prior, &cache.members),
-            WriteOp::Join(j) => b.join(j, &known_users, Arc::make_mut(&mut cache.members)),
-            WriteOp::Leave(l) => b.leave(l, Arc::make_mut(&mut cache.members)),
-        };
-        outcomes.push(outcome);
-    }
-    let version = b.flush(tx, conv, &row).await?;
-    cache.member_version = Some(version);
-    let appended = Appended {
-        conv_id: conv.clone(),
-        head: b.next_seq - 1,
-        events: b.events,
-        members_before,
-        delivery_mode: row.delivery_mode,
-    };
-    Ok(WrittenBatch { outcomes, appended })
+    let mut jobs = vec![BatchJob { conv: conv.clone(), cache: std::mem::take(cache), ops: ops.to_vec() }];
+    let mut written = apply_batches(tx, &mut jobs).await?;
+    *cache = std::mem::take(&mut jobs[0].cache);
+    written.pop().ok_or_else(|| StoreError::Config("write batch returned nothing".into()))
 }
 
-async fn lock_conversation(tx: &Transaction<'_>, conv: &ConvId) -> Result<Option<ConvRow>, StoreError> {
-    let Some(r) = tx.query_typed_opt(LOCK_CONVERSATION, &[(&conv.as_str(), Type::TEXT)]).await? else {
-        return Ok(None);
-    };
-    Ok(Some(ConvRow {
-        dismissed: r.get(0),
-        next_seq: r.get(1),
-        member_version: r.get(2),
-        member_count: r.get(3),
-        max_member: r.get(4),
-        mute_all: r.get(5),
-        join_mode: r.get::<_, &str>(6).parse().unwrap_or(JoinMode::Invite),
-        delivery_mode: r.get::<_, &str>(7).parse().unwrap_or(DeliveryMode::Push),
-        now: r.get(8),
-    }))
+/// Applies every job inside `tx`, which the caller commits. Checks run in the
+/// order of PROTOCOL §5 `send`, all under the conversation row locks.
+async fn apply_batches(tx: &Transaction<'_>, jobs: &mut [BatchJob]) -> Result<Vec<WrittenBatch>, StoreError> {
+    let rows = lock_conversations(tx, jobs).await?;
+    load_members(tx, jobs, &rows).await?;
+    let prior = lookup_request_keys(tx, jobs, &rows).await?;
+    let known_users = lookup_joiners(tx, jobs).await?;
+
+    let mut written = Vec::with_capacity(jobs.len());
+    let mut builders = Vec::with_capacity(jobs.len());
+    for job in jobs.iter_mut() {
+        let Some(row) = rows.get(&job.conv) else {
+            // No existence leak: an unknown conversation answers like a non-member.
+            let outcomes = job.ops.iter().map(|_| Err(Rejection::NotMember)).collect();
+            let appended = Appended {
+                conv_id: job.conv.clone(),
+                events: vec![],
+                head: 0,
+                members_before: None,
+                delivery_mode: DeliveryMode::Push,
+            };
+            written.push(WrittenBatch { outcomes, appended });
+            continue;
+        };
+        let cache = &mut job.cache;
+        let members_before = cache.complete.then(|| cache.members.clone());
+        let mut b = BatchBuilder::new(&job.conv, row);
+        let mut outcomes = Vec::with_capacity(job.ops.len());
+        for op in &job.ops {
+            let outcome = match op {
+                WriteOp::Send(s) => b.send(s, &prior, &cache.members),
+                WriteOp::Join(j) => b.join(j, &known_users, Arc::make_mut(&mut cache.members)),
+                WriteOp::Leave(l) => b.leave(l, Arc::make_mut(&mut cache.members)),
+            };
+            outcomes.push(outcome);
+        }
+        write_member_changes(tx, &job.conv, &b.member_changes).await?;
+        cache.member_version = Some(row.member_version + b.version_bump());
+        let appended = Appended {
+            conv_id: job.conv.clone(),
+            head: b.next_seq - 1,
+            events: Vec::new(),
+            members_before,
+            delivery_mode: row.delivery_mode,
+        };
+        written.push(WrittenBatch { outcomes, appended });
+        builders.push((written.len() - 1, b));
+    }
+    append_events(tx, &builders).await?;
+    for (i, b) in builders {
+        written[i].appended.events = b.events;
+    }
+    Ok(written)
+}
+
+async fn lock_conversations(tx: &Transaction<'_>, jobs: &[BatchJob]) -> Result<HashMap<ConvId, ConvRow>, StoreError> {
+    let ids: Vec<&str> = jobs.iter().map(|j| j.conv.as_str()).collect();
+    let rows = tx.query_typed(LOCK_CONVERSATIONS, &[(&ids, Type::TEXT_ARRAY)]).await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let conv = ConvId::parse(r.get(0)).ok()?;
+            let row = ConvRow {
+                dismissed: r.get(1),
+                next_seq: r.get(2),
+                member_version: r.get(3),
+                member_count: r.get(4),
+                max_member: r.get(5),
+                mute_all: r.get(6),
+                join_mode: r.get::<_, &str>(7).parse().unwrap_or(JoinMode::Invite),
+                delivery_mode: r.get::<_, &str>(8).parse().unwrap_or(DeliveryMode::Push),
+                purged: r.get::<_, i64>(9) > 1,
+                now: r.get(10),
+            };
+            Some((conv, row))
+        })
+        .collect())
 }
 
 /// An earlier event or tombstone of a request key.
@@ -293,73 +347,109 @@ struct SendAckWithHash {
     hash: Vec<u8>,
 }
 
-type RequestKey = (UserId, ClientMsgId);
+type RequestKey = (ConvId, UserId, ClientMsgId);
 
 async fn lookup_request_keys(
     tx: &Transaction<'_>,
-    conv: &ConvId,
-    ops: &[WriteOp],
+    jobs: &[BatchJob],
+    rows: &HashMap<ConvId, ConvRow>,
 ) -> Result<HashMap<RequestKey, Prior>, StoreError> {
-    let (users, keys): (Vec<&str>, Vec<&str>) = ops
-        .iter()
-        .filter_map(|op| match op {
-            WriteOp::Send(s) => Some((s.sender.as_str(), s.client_msg_id.as_str())),
-            _ => None,
-        })
-        .unzip();
+    let (mut convs, mut users, mut keys, mut purged) = (vec![], vec![], vec![], vec![]);
+    for job in jobs {
+        let Some(row) = rows.get(&job.conv) else { continue };
+        for op in &job.ops {
+            if let WriteOp::Send(s) = op {
+                convs.push(job.conv.as_str());
+                users.push(s.sender.as_str());
+                keys.push(s.client_msg_id.as_str());
+                purged.push(row.purged);
+            }
+        }
+    }
     if keys.is_empty() {
         return Ok(HashMap::new());
     }
     let rows = tx
         .query_typed(
             LOOKUP_REQUEST_KEYS,
-            &[(&conv.as_str(), Type::TEXT), (&users, Type::TEXT_ARRAY), (&keys, Type::TEXT_ARRAY)],
+            &[
+                (&convs, Type::TEXT_ARRAY),
+                (&users, Type::TEXT_ARRAY),
+                (&keys, Type::TEXT_ARRAY),
+                (&purged, Type::BOOL_ARRAY),
+            ],
         )
         .await?;
     let mut prior = HashMap::with_capacity(rows.len());
     for r in rows {
-        let (Ok(user), Ok(key)) = (UserId::parse(r.get(0)), ClientMsgId::parse(r.get(1))) else { continue };
-        let event = r.get::<_, Option<i64>>(2).map(|seq| SendAckWithHash {
-            ack: SendAck { seq, message_id: r.get(3), dup: true, created_at: r.get(5) },
-            hash: r.get(4),
+        let (Ok(conv), Ok(user), Ok(key)) =
+            (ConvId::parse(r.get(0)), UserId::parse(r.get(1)), ClientMsgId::parse(r.get(2)))
+        else {
+            continue;
+        };
+        let event = r.get::<_, Option<i64>>(3).map(|seq| SendAckWithHash {
+            ack: SendAck { seq, message_id: r.get(4), dup: true, created_at: r.get(6) },
+            hash: r.get(5),
         });
-        prior.insert((user, key), Prior { event, tombstone: r.get(6) });
+        prior.insert((conv, user, key), Prior { event, tombstone: r.get(7) });
     }
     Ok(prior)
 }
 
-/// The current members: all of them (`complete`), or just the users `ops` name.
+/// Makes each job's cache cover what it needs: the complete member map when
+/// it is stale or empty (actor path), else just the users its ops name.
 async fn load_members(
     tx: &Transaction<'_>,
-    conv: &ConvId,
-    ops: &[WriteOp],
-    complete: bool,
-) -> Result<MemberMap, StoreError> {
-    let rows = if complete {
-        tx.query_typed(LOAD_MEMBERS, &[(&conv.as_str(), Type::TEXT)]).await?
-    } else {
-        let mut users: Vec<&str> = ops.iter().map(|op| op.user().as_str()).collect();
-        users.sort_unstable();
-        users.dedup();
-        tx.query_typed(LOOKUP_MEMBERS, &[(&conv.as_str(), Type::TEXT), (&users, Type::TEXT_ARRAY)]).await?
-    };
-    Ok(member_rows(&rows))
+    jobs: &mut [BatchJob],
+    rows: &HashMap<ConvId, ConvRow>,
+) -> Result<(), StoreError> {
+    let mut reload: Vec<&str> = vec![];
+    let (mut convs, mut users): (Vec<&str>, Vec<&str>) = (vec![], vec![]);
+    for job in jobs.iter() {
+        let Some(row) = rows.get(&job.conv) else { continue };
+        if !job.cache.complete {
+            for op in &job.ops {
+                convs.push(job.conv.as_str());
+                users.push(op.user().as_str());
+            }
+        } else if job.cache.member_version != Some(row.member_version) {
+            reload.push(job.conv.as_str());
+        }
+    }
+    let mut loaded = HashMap::new();
+    if !reload.is_empty() {
+        let found = tx.query_typed(LOAD_MEMBERS, &[(&reload, Type::TEXT_ARRAY)]).await?;
+        loaded.extend(member_rows(&found));
+    }
+    if !users.is_empty() {
+        let found = tx.query_typed(LOOKUP_MEMBERS, &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY)]).await?;
+        loaded.extend(member_rows(&found));
+    }
+    for job in jobs.iter_mut() {
+        let Some(row) = rows.get(&job.conv) else { continue };
+        if !job.cache.complete || job.cache.member_version != Some(row.member_version) {
+            job.cache.members = Arc::new(loaded.remove(&job.conv).unwrap_or_default());
+            job.cache.member_version = Some(row.member_version);
+        }
+    }
+    Ok(())
 }
 
-fn member_rows(rows: &[tokio_postgres::Row]) -> MemberMap {
-    rows.iter()
-        .filter_map(|r| {
-            let user = UserId::parse(r.get(0)).ok()?;
-            let role = r.get::<_, &str>(1).parse().unwrap_or(Role::Member);
-            Some((user, MemberState { role, mute_until: r.get(2) }))
-        })
-        .collect()
+fn member_rows(rows: &[tokio_postgres::Row]) -> HashMap<ConvId, MemberMap> {
+    let mut maps: HashMap<ConvId, MemberMap> = HashMap::new();
+    for r in rows {
+        let (Ok(conv), Ok(user)) = (ConvId::parse(r.get(0)), UserId::parse(r.get(1))) else { continue };
+        let role = r.get::<_, &str>(2).parse().unwrap_or(Role::Member);
+        maps.entry(conv).or_default().insert(user, MemberState { role, mute_until: r.get(3) });
+    }
+    maps
 }
 
 /// Which of the users that `ops` want to add exist (a join of an unknown user is `NOT_FOUND`).
-async fn lookup_joiners(tx: &Transaction<'_>, ops: &[WriteOp]) -> Result<HashSet<UserId>, StoreError> {
-    let joiners: Vec<&str> = ops
+async fn lookup_joiners(tx: &Transaction<'_>, jobs: &[BatchJob]) -> Result<HashSet<UserId>, StoreError> {
+    let joiners: Vec<&str> = jobs
         .iter()
+        .flat_map(|j| &j.ops)
         .filter_map(|op| match op {
             WriteOp::Join(j) => Some(j.user.as_str()),
             _ => None,
@@ -432,7 +522,7 @@ impl BatchBuilder {
 
     /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → mute → permission → append.
     fn send(&mut self, op: &SendOp, prior: &HashMap<RequestKey, Prior>, members: &MemberMap) -> WriteOutcome {
-        let key = (op.sender.clone(), op.client_msg_id.clone());
+        let key = (self.conv.clone(), op.sender.clone(), op.client_msg_id.clone());
         let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
         if let Some(earlier) = earlier {
             return if earlier.hash == op.body.fingerprint() {
@@ -507,86 +597,111 @@ impl BatchBuilder {
         Ok(Written::Left { seq })
     }
 
-    /// Writes what the batch accumulated: membership changes (in runs of one
-    /// kind, in op order), then every event and the conversation row at once.
-    /// Returns the `member_version` the transaction commits.
-    async fn flush(&self, tx: &Transaction<'_>, conv: &ConvId, row: &ConvRow) -> Result<i64, StoreError> {
-        if self.events.is_empty() {
-            return Ok(row.member_version);
-        }
-        write_member_changes(tx, conv, &self.member_changes).await?;
-        let n = self.events.len();
-        let mut seqs = Vec::with_capacity(n);
-        let mut kinds = Vec::with_capacity(n);
-        let mut message_ids = Vec::with_capacity(n);
-        let mut senders = Vec::with_capacity(n);
-        let mut devices = Vec::with_capacity(n);
-        let mut keys = Vec::with_capacity(n);
-        let mut hashes: Vec<Option<&[u8]>> = Vec::with_capacity(n);
-        let mut bodies = Vec::with_capacity(n);
-        let mut subjects = Vec::with_capacity(n);
-        let mut actors = Vec::with_capacity(n);
-        let mut reasons = Vec::with_capacity(n);
-        for e in &self.events {
-            seqs.push(e.seq);
-            kinds.push(e.kind.name());
-            let (mut mid, mut snd, mut dev, mut key, mut hash, mut body, mut subj, mut act, mut reason) =
-                (None, None, None, None, None, None, None, None, None);
-            match &e.kind {
-                EventKind::Msg { message_id, sender, sender_device, client_msg_id, body: b, .. } => {
-                    mid = Some(*message_id);
-                    snd = Some(sender.as_str());
-                    dev = Some(sender_device.as_str());
-                    key = Some(client_msg_id.as_str());
-                    hash = self.appended_keys.get(&(sender.clone(), client_msg_id.clone())).map(|a| a.hash.as_slice());
-                    body = b.as_deref();
-                }
-                EventKind::Join { subject, actor } => {
-                    subj = Some(subject.as_str());
-                    act = Some(actor.as_str());
-                }
-                EventKind::Leave { subject, actor, reason: r } => {
-                    subj = Some(subject.as_str());
-                    act = Some(actor.as_str());
-                    reason = Some(r.as_str());
-                }
-                EventKind::Recall { .. } | EventKind::Group { .. } => {}
-            }
-            message_ids.push(mid);
-            senders.push(snd);
-            devices.push(dev);
-            keys.push(key);
-            hashes.push(hash);
-            bodies.push(body);
-            subjects.push(subj);
-            actors.push(act);
-            reasons.push(reason);
-        }
-        let version_bump = i64::from(self.membership_changes > 0);
-        tx.execute_typed(
-            APPEND_EVENTS,
-            &[
-                (&conv.as_str(), Type::TEXT),
-                (&seqs, Type::INT8_ARRAY),
-                (&kinds, Type::TEXT_ARRAY),
-                (&message_ids, Type::UUID_ARRAY),
-                (&senders, Type::TEXT_ARRAY),
-                (&devices, Type::TEXT_ARRAY),
-                (&keys, Type::TEXT_ARRAY),
-                (&hashes, Type::BYTEA_ARRAY),
-                (&bodies, Type::TEXT_ARRAY),
-                (&subjects, Type::TEXT_ARRAY),
-                (&actors, Type::TEXT_ARRAY),
-                (&reasons, Type::TEXT_ARRAY),
-                (&self.now, Type::TIMESTAMPTZ),
-                (&self.next_seq, Type::INT8),
-                (&version_bump, Type::INT8),
-                (&self.member_count, Type::INT4),
-            ],
-        )
-        .await?;
-        Ok(row.member_version + version_bump)
+    fn version_bump(&self) -> i64 {
+        i64::from(self.membership_changes > 0)
     }
+}
+
+/// Column arrays of the events of a transaction, for one multi-row INSERT.
+#[derive(Default)]
+struct EventColumns<'a> {
+    convs: Vec<&'a str>,
+    seqs: Vec<i64>,
+    kinds: Vec<&'static str>,
+    message_ids: Vec<Option<Uuid>>,
+    senders: Vec<Option<&'a str>>,
+    devices: Vec<Option<&'a str>>,
+    keys: Vec<Option<&'a str>>,
+    hashes: Vec<Option<&'a [u8]>>,
+    bodies: Vec<Option<&'a str>>,
+    subjects: Vec<Option<&'a str>>,
+    actors: Vec<Option<&'a str>>,
+    reasons: Vec<Option<&'static str>>,
+}
+
+impl<'a> EventColumns<'a> {
+    fn push(&mut self, b: &'a BatchBuilder, e: &'a Event) {
+        self.convs.push(b.conv.as_str());
+        self.seqs.push(e.seq);
+        self.kinds.push(e.kind.name());
+        let (mut mid, mut snd, mut dev, mut key, mut hash, mut body, mut subj, mut act, mut reason) =
+            (None, None, None, None, None, None, None, None, None);
+        match &e.kind {
+            EventKind::Msg { message_id, sender, sender_device, client_msg_id, body: text, .. } => {
+                mid = Some(*message_id);
+                snd = Some(sender.as_str());
+                dev = Some(sender_device.as_str());
+                key = Some(client_msg_id.as_str());
+                hash = b
+                    .appended_keys
+                    .get(&(b.conv.clone(), sender.clone(), client_msg_id.clone()))
+                    .map(|a| a.hash.as_slice());
+                body = text.as_deref();
+            }
+            EventKind::Join { subject, actor } => {
+                subj = Some(subject.as_str());
+                act = Some(actor.as_str());
+            }
+            EventKind::Leave { subject, actor, reason: r } => {
+                subj = Some(subject.as_str());
+                act = Some(actor.as_str());
+                reason = Some(r.as_str());
+            }
+            EventKind::Recall { .. } | EventKind::Group { .. } => {}
+        }
+        self.message_ids.push(mid);
+        self.senders.push(snd);
+        self.devices.push(dev);
+        self.keys.push(key);
+        self.hashes.push(hash);
+        self.bodies.push(body);
+        self.subjects.push(subj);
+        self.actors.push(act);
+        self.reasons.push(reason);
+    }
+}
+
+/// Writes every event the transaction's batches accumulated and moves each
+/// conversation row on (`next_seq`, `member_version`, `member_count`), at once.
+async fn append_events(tx: &Transaction<'_>, builders: &[(usize, BatchBuilder)]) -> Result<(), StoreError> {
+    let mut cols = EventColumns::default();
+    let (mut convs, mut next_seqs, mut bumps, mut counts) = (vec![], vec![], vec![], vec![]);
+    let mut now = None;
+    for (_, b) in builders.iter().filter(|(_, b)| !b.events.is_empty()) {
+        for e in &b.events {
+            cols.push(b, e);
+        }
+        convs.push(b.conv.as_str());
+        next_seqs.push(b.next_seq);
+        bumps.push(b.version_bump());
+        counts.push(b.member_count);
+        now = Some(b.now);
+    }
+    let Some(now) = now else { return Ok(()) };
+    tx.execute_typed(
+        APPEND_EVENTS,
+        &[
+            (&cols.convs, Type::TEXT_ARRAY),
+            (&cols.seqs, Type::INT8_ARRAY),
+            (&cols.kinds, Type::TEXT_ARRAY),
+            (&cols.message_ids, Type::UUID_ARRAY),
+            (&cols.senders, Type::TEXT_ARRAY),
+            (&cols.devices, Type::TEXT_ARRAY),
+            (&cols.keys, Type::TEXT_ARRAY),
+            (&cols.hashes, Type::BYTEA_ARRAY),
+            (&cols.bodies, Type::TEXT_ARRAY),
+            (&cols.subjects, Type::TEXT_ARRAY),
+            (&cols.actors, Type::TEXT_ARRAY),
+            (&cols.reasons, Type::TEXT_ARRAY),
+            (&now, Type::TIMESTAMPTZ),
+            (&convs, Type::TEXT_ARRAY),
+            (&next_seqs, Type::INT8_ARRAY),
+            (&bumps, Type::INT8_ARRAY),
+            (&counts, Type::INT4_ARRAY),
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 async fn write_member_changes(tx: &Transaction<'_>, conv: &ConvId, changes: &[MemberChange]) -> Result<(), StoreError> {
