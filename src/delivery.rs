@@ -50,14 +50,17 @@ impl KickReason {
 /// A live connection as the route registry holds it.
 #[derive(Debug, Clone)]
 pub struct Conn {
-    pub push: Recipient<Push>,
+    /// Shared, not cloned per push: actix reports a full mailbox through
+    /// `try_send` only to a sender that is already parked, and every clone of
+    /// a `Recipient` starts unparked — the queue would never look full.
+    pub push: Arc<Recipient<Push>>,
     /// Set once the mailbox overflowed, so the close request is sent only once.
     overflowed: Arc<AtomicBool>,
 }
 
 impl Conn {
     pub fn new(push: Recipient<Push>) -> Self {
-        Self { push, overflowed: Arc::default() }
+        Self { push: Arc::new(push), overflowed: Arc::default() }
     }
 
     /// Never waits: a full mailbox marks the connection for closing.
