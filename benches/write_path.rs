@@ -1,1 +1,122 @@
-fn main() {}
+//! Criterion benchmarks of the write path, in-process against a real
+//! PostgreSQL (a private cluster started for the run, durability on):
+//! sends to one group through the conversation actor (batched) and through the
+//! `direct` path (one transaction per send), at a few sender counts.
+//! Throughput is reported in sends per second. The end-to-end load generator
+//! (`imcore-load`) is where targets and ratios are recorded.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use futures_util::future::join_all;
+use imcore::config::WritePath;
+use imcore::delivery::{Delivery, Routes};
+use imcore::domain::Body;
+use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
+use imcore::store::{CreateConversation, GroupSettings, SendOp, Store, WriteOp};
+use imcore::writer::Writer;
+use imcore_actors::conversation::ActorConfig;
+use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+use serde_json::json;
+
+const MEMBERS: usize = 64;
+
+struct Fixture {
+    _pg: EmbeddedPg,
+    store: Store,
+    users: Vec<UserId>,
+}
+
+async fn fixture() -> Fixture {
+    let root = std::env::temp_dir().join(format!("imcore-bench-{}", std::process::id()));
+    let mut opts = PgOptions::new(&root);
+    opts.fast_init = true;
+    let pg = EmbeddedPg::start(opts).await.expect("start PostgreSQL");
+    let store = Store::connect(&pg.url(DATABASE), 16).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    let users: Vec<UserId> = (0..MEMBERS).map(|i| UserId::parse(&format!("b{i}")).expect("id")).collect();
+    for u in &users {
+        store.create_user(u, None).await.expect("user");
+    }
+    Fixture { _pg: pg, store, users }
+}
+
+/// Sends `total` messages to `conv` from `senders` closed-loop senders.
+async fn send_all(writer: &Writer, conv: &ConvId, users: &[UserId], senders: usize, total: u64, run: u64) -> Duration {
+    let next = Arc::new(AtomicU64::new(0));
+    let body = Body::parse(&json!({"type": "text", "text": "x".repeat(80)}), 16 * 1024).expect("body");
+    let started = Instant::now();
+    join_all((0..senders).map(|s| {
+        let (writer, next, body, conv) = (writer.clone(), next.clone(), body.clone(), conv.clone());
+        let user = users[s % users.len()].clone();
+        let device = DeviceId::parse(&format!("d{s}")).expect("id");
+        async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= total {
+                    break;
+                }
+                let key = ClientMsgId::parse(&format!("r{run}-{n}")).expect("id");
+                let op = WriteOp::Send(SendOp {
+                    sender: user.clone(),
+                    device: device.clone(),
+                    client_msg_id: key,
+                    body: body.clone(),
+                });
+                writer.write(conv.clone(), op).await.expect("send");
+            }
+        }
+    }))
+    .await;
+    started.elapsed()
+}
+
+fn write_path(c: &mut Criterion) {
+    let system = actix::System::new();
+    let fx = system.block_on(fixture());
+    let mut group = c.benchmark_group("send");
+    group.sample_size(10).measurement_time(Duration::from_secs(4)).throughput(Throughput::Elements(1));
+    let run = AtomicU64::new(0);
+    for path in [WritePath::Actor, WritePath::Direct] {
+        for senders in [1usize, 64] {
+            let name = match path {
+                WritePath::Actor => "actor",
+                WritePath::Direct => "direct",
+            };
+            let (writer, conv) = system.block_on(async {
+                let store = match path {
+                    WritePath::Actor => fx.store.clone().with_commit_stage(2, 4096),
+                    WritePath::Direct => fx.store.clone(),
+                };
+                let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
+                let writer = Writer::new(path, store, delivery, ActorConfig::default(), 2);
+                let conv = fx
+                    .store
+                    .create_conversation(&CreateConversation::Group {
+                        creator: fx.users[0].clone(),
+                        conv_id: Some(ConvId::parse(&format!("bench-{name}-{senders}")).expect("id")),
+                        name: "bench".into(),
+                        members: fx.users[1..].to_vec(),
+                        settings: GroupSettings::default(),
+                    })
+                    .await
+                    .expect("group")
+                    .info
+                    .conv_id;
+                (writer, conv)
+            });
+            group.bench_with_input(BenchmarkId::new(name, senders), &senders, |b, &senders| {
+                b.iter_custom(|iters| {
+                    let r = run.fetch_add(1, Ordering::Relaxed);
+                    system.block_on(send_all(&writer, &conv, &fx.users, senders, iters, r))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, write_path);
+criterion_main!(benches);

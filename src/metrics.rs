@@ -10,7 +10,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -23,6 +24,10 @@ pub struct Metrics {
     pub send_latency: Histogram,
     /// Ops per committed write transaction.
     pub batch_size: Histogram,
+    /// Seconds per phase of a write transaction: `pool` (waiting for a
+    /// connection), `begin`, `lock`, `lookup` (request keys, members), `append`
+    /// (INSERT + UPDATE), `commit` (includes the WAL flush).
+    pub write_phase: HistogramVec,
     /// WebSocket sessions accepted since start.
     pub ws_accepted: IntCounter,
     /// Pushes of the kinds a session sends itself (`kicked`, `read`, …) by reason.
@@ -48,6 +53,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
         HistogramOpts::new("write_batch_ops", "Ops per committed write transaction")
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]),
     )?;
+    let write_phase = HistogramVec::new(
+        HistogramOpts::new("write_phase_seconds", "Time per phase of a write transaction")
+            .buckets(vec![0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5]),
+        &["phase"],
+    )?;
     let ws_accepted = IntCounter::new("ws_accepted_total", "WebSocket sessions accepted")?;
     let kicks =
         IntCounterVec::new(Opts::new("ws_closed_total", "Sessions closed by the server, by reason"), &["reason"])?;
@@ -67,6 +77,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(errors.clone()))?;
     registry.register(Box::new(send_latency.clone()))?;
     registry.register(Box::new(batch_size.clone()))?;
+    registry.register(Box::new(write_phase.clone()))?;
     registry.register(Box::new(ws_accepted.clone()))?;
     registry.register(Box::new(kicks.clone()))?;
     registry.register(Box::new(connections.clone()))?;
@@ -78,6 +89,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         errors,
         send_latency,
         batch_size,
+        write_phase,
         ws_accepted,
         kicks,
         connections,
@@ -96,6 +108,22 @@ pub fn metrics() -> &'static Metrics {
 /// Called by the store once per committed write transaction.
 pub fn observe_batch(ops: usize) {
     METRICS.batch_size.observe(ops as f64);
+}
+
+pub fn observe_write_phase(phase: &'static str, elapsed: Duration) {
+    METRICS.write_phase.with_label_values(&[phase]).observe(elapsed.as_secs_f64());
+}
+
+/// Mean milliseconds per write-transaction phase so far, for load reports.
+pub fn write_phase_means_ms() -> Vec<(&'static str, f64)> {
+    ["pool", "begin", "lock", "lookup", "append", "commit"]
+        .into_iter()
+        .map(|phase| {
+            let h = METRICS.write_phase.with_label_values(&[phase]);
+            let n = h.get_sample_count();
+            (phase, if n == 0 { 0.0 } else { h.get_sample_sum() * 1000.0 / n as f64 })
+        })
+        .collect()
 }
 
 pub fn observe_send(elapsed: Duration) {

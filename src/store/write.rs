@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
@@ -195,6 +196,21 @@ WITH closed AS (
    WHERE p.conv_id = $1 AND p.user_id = l.u AND p.to_seq IS NULL)
 DELETE FROM members WHERE conv_id = $1 AND user_id = ANY($2)";
 
+/// Times the phases of a write transaction into `metrics::write_phase`.
+struct Phase(Instant);
+
+impl Phase {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    fn end(&mut self, name: &'static str) {
+        let now = Instant::now();
+        crate::metrics::observe_write_phase(name, now - self.0);
+        self.0 = now;
+    }
+}
+
 /// One conversation's share of a write transaction.
 #[derive(Debug)]
 pub struct BatchJob {
@@ -221,10 +237,14 @@ impl Store {
     /// every request key, one INSERT of every event. Each conversation's ops
     /// keep their order and their own outcomes; a database error fails all.
     pub async fn write_batches(&self, mut jobs: Vec<BatchJob>) -> Result<Vec<(WrittenBatch, ConvCache)>, StoreError> {
+        let mut phase = Phase::start();
         let mut conn = self.pool.get().await?;
+        phase.end("pool");
         let tx = conn.transaction().await?;
-        let written = apply_batches(&tx, &mut jobs).await?;
+        phase.end("begin");
+        let written = apply_batches(&tx, &mut jobs, &mut phase).await?;
         tx.commit().await?;
+        phase.end("commit");
         Ok(written.into_iter().zip(jobs.into_iter().map(|j| j.cache)).collect())
     }
 
@@ -251,18 +271,24 @@ pub(super) async fn apply_ops(
     ops: &[WriteOp],
 ) -> Result<WrittenBatch, StoreError> {
     let mut jobs = vec![BatchJob { conv: conv.clone(), cache: std::mem::take(cache), ops: ops.to_vec() }];
-    let mut written = apply_batches(tx, &mut jobs).await?;
+    let mut written = apply_batches(tx, &mut jobs, &mut Phase::start()).await?;
     *cache = std::mem::take(&mut jobs[0].cache);
     written.pop().ok_or_else(|| StoreError::Config("write batch returned nothing".into()))
 }
 
 /// Applies every job inside `tx`, which the caller commits. Checks run in the
 /// order of PROTOCOL §5 `send`, all under the conversation row locks.
-async fn apply_batches(tx: &Transaction<'_>, jobs: &mut [BatchJob]) -> Result<Vec<WrittenBatch>, StoreError> {
+async fn apply_batches(
+    tx: &Transaction<'_>,
+    jobs: &mut [BatchJob],
+    phase: &mut Phase,
+) -> Result<Vec<WrittenBatch>, StoreError> {
     let rows = lock_conversations(tx, jobs).await?;
+    phase.end("lock");
     load_members(tx, jobs, &rows).await?;
     let prior = lookup_request_keys(tx, jobs, &rows).await?;
     let known_users = lookup_joiners(tx, jobs).await?;
+    phase.end("lookup");
 
     let mut written = Vec::with_capacity(jobs.len());
     let mut builders = Vec::with_capacity(jobs.len());
@@ -305,6 +331,7 @@ async fn apply_batches(tx: &Transaction<'_>, jobs: &mut [BatchJob]) -> Result<Ve
         builders.push((written.len() - 1, b));
     }
     append_events(tx, &builders).await?;
+    phase.end("append");
     for (i, b) in builders {
         written[i].appended.events = b.events;
     }
