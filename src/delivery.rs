@@ -7,14 +7,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use actix::dev::SendError;
 use actix::{Message, Recipient};
-use imcore_actors::registry::RouteRegistry;
+use imcore_actors::registry::{ConnId, RouteRegistry};
 use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
 
 use crate::domain::{DeliveryMode, Event, EventKind};
+use crate::metrics::metrics;
 use crate::protocol::{push_events, push_head};
 use crate::store::{Appended, MemberMap, Store};
 
@@ -54,21 +55,49 @@ pub struct Conn {
     /// `try_send` only to a sender that is already parked, and every clone of
     /// a `Recipient` starts unparked — the queue would never look full.
     pub push: Arc<Recipient<Push>>,
-    /// Set once the mailbox overflowed, so the close request is sent only once.
-    overflowed: Arc<AtomicBool>,
+    overflow: Arc<Overflow>,
+}
+
+/// What an overflow must undo without the session's help.
+///
+/// A session whose client stops reading is not polled at all: actix-http
+/// stops polling the response body (and with it the actor) while its write
+/// buffer is full, so the session cannot close itself until the client reads
+/// again or goes away. The route is therefore removed here, at the moment the
+/// mailbox is found full, so fan-out stops considering the connection at once.
+#[derive(Debug)]
+struct Overflow {
+    /// Set once the mailbox overflowed, so the close request is sent once.
+    seen: AtomicBool,
+    /// Weak: the registry holds this `Conn`.
+    routes: Weak<Routes>,
+    user: UserId,
+    device: DeviceId,
+    conn_id: ConnId,
 }
 
 impl Conn {
-    pub fn new(push: Recipient<Push>) -> Self {
-        Self { push: Arc::new(push), overflowed: Arc::default() }
+    /// The connection `conn_id` of `user`'s `device`, registered in `routes`.
+    pub fn new(push: Recipient<Push>, routes: &Arc<Routes>, user: UserId, device: DeviceId, conn_id: ConnId) -> Self {
+        let overflow = Overflow { seen: AtomicBool::new(false), routes: Arc::downgrade(routes), user, device, conn_id };
+        Self { push: Arc::new(push), overflow: Arc::new(overflow) }
     }
 
-    /// Never waits: a full mailbox marks the connection for closing.
+    /// Never waits. A full mailbox drops this push, removes the route
+    /// (compare-and-remove: a newer connection of the device keeps its own)
+    /// and queues [`Push::Overflowed`] behind the pushes already queued, so
+    /// the session closes with 1013 as soon as it runs again; the client
+    /// reconnects and syncs (PROTOCOL §4).
     pub fn send(&self, push: Push) {
         match self.push.try_send(push) {
             Ok(()) | Err(SendError::Closed(_)) => {}
             Err(SendError::Full(_)) => {
-                if !self.overflowed.swap(true, Ordering::Relaxed) {
+                let o = &self.overflow;
+                if !o.seen.swap(true, Ordering::Relaxed) {
+                    metrics().kicks.with_label_values(&["overflowed"]).inc();
+                    if let Some(routes) = o.routes.upgrade() {
+                        routes.unregister(&o.user, &o.device, o.conn_id);
+                    }
                     // One small message past the bound, once per connection.
                     self.push.do_send(Push::Overflowed);
                 }
