@@ -58,6 +58,8 @@ impl Application {
             None => admin_token_file(&config.data_dir)?,
         };
         let listener = TcpListener::bind(config.listen).map_err(|e| StartupError::Io("bind listener", e))?;
+        set_tcp_user_timeout(&listener, config.ws_timeout_ms)
+            .map_err(|e| StartupError::Io("set TCP_USER_TIMEOUT", e))?;
         let port = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?.port();
         let store = store.with_commit_stage(config.commit_workers, config.commit_max_ops);
         let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
@@ -176,4 +178,28 @@ fn admin_token_file(data_dir: &Path) -> Result<String, StartupError> {
         .map_err(|e| StartupError::Io("write admin token", e))?;
     tracing::info!(path = %path.display(), "generated an admin token; it is in this file");
     Ok(token)
+}
+
+/// Accepted sockets inherit `TCP_USER_TIMEOUT` from the listener: a peer that
+/// stops reading (zero window) for this long has its connection dropped by
+/// the kernel, so a session stalled behind a full write buffer — which also
+/// stalls its own heartbeat — still ends.
+fn set_tcp_user_timeout(listener: &TcpListener, timeout_ms: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let ms = libc::c_uint::try_from(timeout_ms).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_uint and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
