@@ -46,7 +46,8 @@ pub enum StoreError {
     /// A well-formed request refused by a rule; nothing changed.
     #[error(transparent)]
     Rejected(#[from] Rejection),
-    #[error("database error")]
+    /// Shown with its SQLSTATE (never the server's text, which may carry data).
+    #[error("database error (SQLSTATE {})", .0.code().map_or("none", |c| c.code()))]
     Db(#[from] tokio_postgres::Error),
     #[error("database connection pool")]
     Pool(#[from] bb8::RunError<tokio_postgres::Error>),

@@ -1,9 +1,11 @@
 //! The real test tier: a real PostgreSQL, real connections, real sockets.
 //! One binary, so the run shares one cluster.
 
+mod actor_path;
 mod env;
 mod evidence;
 mod gateway;
+mod gateway_faults;
 mod harness;
 mod inbox;
 mod seed_000;
