@@ -2,9 +2,26 @@
 
 use std::sync::Arc;
 
+/// One `#[actix_web::test]` per check on one write path:
+/// `on_path!(module, Path::X, [check, …])` calls `check(Path::X)`.
+macro_rules! on_path {
+    ($module:ident, $path:expr, [$($check:ident),* $(,)?]) => {
+        mod $module {
+            $(
+                #[actix_web::test]
+                async fn $check() {
+                    super::$check($path).await
+                }
+            )*
+        }
+    };
+}
+
 use imcore::delivery::{Delivery, Routes};
 use imcore::domain::{Body, Rejection};
-use imcore::store::{SendAck, SendOp, Store, StoreError, SyncPage, SyncRequest, WriteOp, Written};
+use imcore::store::{
+    CreateConversation, GroupSettings, SendAck, SendOp, Store, StoreError, SyncPage, SyncRequest, WriteOp, Written,
+};
 use imcore::writer::{WriteFailure, Writer};
 use imcore_actors::conversation::ActorConfig;
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
@@ -89,6 +106,22 @@ impl Env {
             Written::Sent(ack) => Ok(ack),
             other => Err(WriteErr::Failed(format!("unexpected {other:?}"))),
         }
+    }
+
+    /// A group created by `creator` with `members` and default settings.
+    pub async fn group(&self, id: &str, creator: &str, members: &[&str]) -> ConvId {
+        self.store()
+            .create_conversation(&CreateConversation::Group {
+                creator: uid(creator),
+                conv_id: Some(cid(id)),
+                name: id.into(),
+                members: members.iter().map(|m| uid(m)).collect(),
+                settings: GroupSettings::default(),
+            })
+            .await
+            .expect("create group")
+            .info
+            .conv_id
     }
 
     pub async fn users(&self, ids: &[&str]) {

@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use futures_util::future::join_all;
 use imcore::domain::{Event, EventKind, LeaveReason, Rejection, Role};
-use imcore::store::{
-    CreateConversation, GroupSettings, InboxItem, JoinOp, LeaveOp, StoreError, WriteOp, INBOX_PAGE, UNREAD_CAP,
-};
+use imcore::store::{InboxItem, JoinOp, LeaveOp, StoreError, WriteOp, INBOX_PAGE, UNREAD_CAP};
 use imcore_actors::ConvId;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -22,18 +20,7 @@ const SUITE: &str = "im-09";
 const VARIANT: &str = "direct";
 
 async fn group(env: &Env, id: &str, creator: &str, members: &[&str]) -> ConvId {
-    env.store()
-        .create_conversation(&CreateConversation::Group {
-            creator: uid(creator),
-            conv_id: Some(cid(id)),
-            name: id.into(),
-            members: members.iter().map(|m| uid(m)).collect(),
-            settings: GroupSettings::default(),
-        })
-        .await
-        .expect("create group")
-        .info
-        .conv_id
+    env.group(id, creator, members).await
 }
 
 async fn join(env: &Env, conv: &ConvId, user: &str, actor: &str) {

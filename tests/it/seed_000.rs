@@ -357,20 +357,7 @@ pub async fn leave_closes_interval(path: Path) {
     assert!(pass);
 }
 
-macro_rules! checks_on {
-    ($module:ident, $path:expr, [$($check:ident),* $(,)?]) => {
-        mod $module {
-            $(
-                #[actix_web::test]
-                async fn $check() {
-                    super::$check($path).await
-                }
-            )*
-        }
-    };
-}
-
-checks_on!(
+on_path!(
     direct,
     super::Path::Direct,
     [
@@ -388,7 +375,7 @@ checks_on!(
 );
 
 // The negative controls and the plan check do not depend on the write path.
-checks_on!(
+on_path!(
     actor,
     super::Path::Actor,
     [

@@ -2,7 +2,7 @@
 //! epochs, truncation, refusals that change nothing).
 
 use imcore::domain::{Body, BodyError, Rejection};
-use imcore::store::{CreateConversation, GroupSettings, StoreError, SyncRequest};
+use imcore::store::{StoreError, SyncRequest};
 use imcore_actors::{ClientMsgId, ConvId, UserId};
 use serde_json::json;
 
@@ -13,18 +13,7 @@ const SUITE: &str = "im-04";
 
 async fn group(env: &Env, id: &str, members: &[&str]) -> ConvId {
     env.users(&["u-ana", "u-ben", "u-cai"]).await;
-    env.store()
-        .create_conversation(&CreateConversation::Group {
-            creator: uid("u-ana"),
-            conv_id: Some(cid(id)),
-            name: id.into(),
-            members: members.iter().map(|m| uid(m)).collect(),
-            settings: GroupSettings::default(),
-        })
-        .await
-        .expect("create group")
-        .info
-        .conv_id
+    env.group(id, "u-ana", members).await
 }
 
 /// A deferred constraint trigger fails the transaction at COMMIT — after the
@@ -258,20 +247,7 @@ fn invalid_ids_and_bodies_are_refused_before_the_database() {
     assert!(pass);
 }
 
-macro_rules! rules_on {
-    ($module:ident, $path:expr, [$($check:ident),* $(,)?]) => {
-        mod $module {
-            $(
-                #[actix_web::test]
-                async fn $check() {
-                    super::$check($path).await
-                }
-            )*
-        }
-    };
-}
-
-rules_on!(
+on_path!(
     direct,
     super::Path::Direct,
     [
@@ -283,7 +259,7 @@ rules_on!(
     ]
 );
 
-rules_on!(
+on_path!(
     actor,
     super::Path::Actor,
     [
