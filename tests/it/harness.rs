@@ -69,6 +69,15 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// The URL of a new, empty database (no schema): for migration tests.
+pub async fn empty_database() -> String {
+    let cluster = cluster();
+    let name = format!("e_{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
+    let admin = connect(&cluster.pg.url("postgres")).await;
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create empty database");
+    cluster.pg.url(&name)
+}
+
 /// A fresh database of this test's own, migrated.
 pub struct TestDb {
     pub url: String,

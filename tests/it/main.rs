@@ -11,4 +11,5 @@ mod harness;
 mod inbox;
 mod seed_000;
 mod server;
+mod startup;
 mod store_rules;
