@@ -1,15 +1,15 @@
-//! imcore-load: the in-process write-path load generator (hot group, many
-//! conversations, the no-checks ceiling, latency at half load), comparing the
-//! `actor` and `direct` write paths in one run against a real PostgreSQL with
-//! durability on. Verifies P1/P2 on what each scenario wrote and writes
-//! `evidence/bench/hot-group.json`. Every run is bounded in messages and time.
+//! `imcore-load write` (the default): the in-process write-path load generator
+//! (hot group, many conversations, the no-checks ceiling, latency at half
+//! load), comparing the `actor` and `direct` write paths in one run against a
+//! real PostgreSQL with durability on. Verifies P1/P2 on what each scenario
+//! wrote and writes `evidence/bench/hot-group.json`. Every run is bounded in
+//! messages and time.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use futures_util::future::join_all;
 use imcore::config::WritePath;
 use imcore::delivery::{Delivery, Routes};
@@ -21,9 +21,8 @@ use imcore_actors::conversation::ActorConfig;
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use serde_json::{json, Value};
 
-#[derive(Debug, Parser)]
-#[command(name = "imcore-load", about = "Write-path load generator: actor vs direct, same run")]
-struct Args {
+#[derive(Debug, clap::Args)]
+pub struct Args {
     /// PostgreSQL to load. Unset: an embedded PostgreSQL in --data-dir.
     #[arg(long, env = "DATABASE_URL")]
     database_url: Option<String>,
@@ -53,11 +52,9 @@ struct Args {
 
 const GROUP_MEMBERS: usize = 64;
 
-#[actix_web::main]
-async fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+pub fn main(args: Args) -> std::process::ExitCode {
     imcore::telemetry::init("warn");
-    match run(args).await {
+    match actix_web::rt::System::new().block_on(run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("imcore-load: {e:?}");

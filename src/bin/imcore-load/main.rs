@@ -1,0 +1,47 @@
+//! imcore-load: load generators for imcore.
+//!
+//! * `imcore-load [write] …` — the in-process write-path benchmark (the
+//!   default when no subcommand is given): `actor` vs `direct` through the
+//!   library, no network.
+//! * `imcore-load ws …` — end to end: starts the `imcore` server binary as a
+//!   child process per write path and drives it over real WebSocket
+//!   connections on loopback (hot group, fan-out, connection scale, latency at
+//!   half load). See `ws/mod.rs`.
+//!
+//! Every run is bounded in messages and time and stops by itself.
+
+mod write;
+mod ws;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "imcore-load",
+    about = "imcore load generators: in-process write path (default) and end-to-end WebSocket",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    /// With no subcommand: the `write` benchmark.
+    #[command(flatten)]
+    write: write::Args,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// In-process write path: actor vs direct through the library (the default).
+    Write(write::Args),
+    /// End to end over WebSocket against a server child process per write path.
+    Ws(Box<ws::Args>),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Cmd::Ws(args)) => ws::main(*args),
+        Some(Cmd::Write(args)) => write::main(args),
+        None => write::main(cli.write),
+    }
+}

@@ -1,0 +1,357 @@
+//! `imcore-load ws`: end-to-end benchmarks over WebSocket (issue 5).
+//!
+//! Starts PostgreSQL (embedded in `--data-dir`, or the server of
+//! `--database-url`), then for every server run a fresh database and the
+//! `imcore` binary as a child process on a free loopback port
+//! (`IMCORE_WRITE_PATH`, `IMCORE_LISTEN`, `DATABASE_URL`, `IMCORE_ADMIN_TOKEN`).
+//! Users, devices and tokens come from the admin API, groups from
+//! `create_conversation`; load goes over WebSocket from 127.0.0.x source
+//! addresses only. Every run is bounded in messages and time; each server is
+//! stopped with SIGTERM afterwards.
+//!
+//! Scenarios (`--scenarios`): `hot` (§1 hot group, `actor` then `direct`, plus
+//! §4 latency at half the measured maximum), `fanout` (§2), `connections` (§3).
+//! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`.
+
+mod client;
+mod conns;
+mod fanout;
+mod hot;
+mod server;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use client::BoxError;
+use imcore::store::Store;
+use server::{Pg, Server};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Which scenarios to run.
+    #[arg(long, value_delimiter = ',', default_value = "hot,fanout,connections")]
+    scenarios: Vec<String>,
+    /// A PostgreSQL server to create the benchmark databases in (any database
+    /// of it; each server run gets its own). Unset: embedded in --data-dir.
+    #[arg(long)]
+    database_url: Option<String>,
+    #[arg(long, default_value = "./var/ws-bench")]
+    data_dir: PathBuf,
+    /// The server binary. Default: `imcore` next to this binary, else target/release/imcore.
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Extra server environment, `NAME=value` (repeatable), e.g. IMCORE_POOL_SIZE=32.
+    #[arg(long = "server-env")]
+    server_env: Vec<String>,
+    /// Write paths of the hot-group scenario, each on its own server and database.
+    #[arg(long, value_delimiter = ',', default_value = "actor,direct")]
+    write_paths: Vec<String>,
+    /// Hot group: sender connections per run.
+    #[arg(long, value_delimiter = ',', default_value = "8,64,256,1024")]
+    senders: Vec<usize>,
+    /// Hot group: sends in flight per sender connection.
+    #[arg(long, default_value_t = 4)]
+    window: usize,
+    /// Hot group: receiver devices online.
+    #[arg(long, default_value_t = 64)]
+    receivers: usize,
+    /// Hot group: longest sending time of a run, seconds.
+    #[arg(long, default_value_t = 8.0)]
+    seconds: f64,
+    /// Hot group: most messages of a run.
+    #[arg(long, default_value_t = 200_000)]
+    messages: u64,
+    /// Hot group delivery mode (`push`; `pull` sends members only a coalesced head).
+    #[arg(long, default_value = "push")]
+    hot_delivery: String,
+    /// Half-load run (§4) at half the best `actor` rate, with this many sender
+    /// connections (unset: as many as the best run had; 0: skip).
+    #[arg(long)]
+    half_senders: Option<usize>,
+    /// Fan-out: group sizes (every member online).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    fanout_members: Vec<usize>,
+    /// Fan-out: delivery modes.
+    #[arg(long, value_delimiter = ',', default_value = "push,pull")]
+    fanout_modes: Vec<String>,
+    /// Fan-out: messages per second of the one sender.
+    #[arg(long, default_value_t = 10.0)]
+    fanout_rate: f64,
+    /// Fan-out: messages per run.
+    #[arg(long, default_value_t = 50)]
+    fanout_messages: usize,
+    /// Connection scale: cumulative stages of idle connections.
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000,100000")]
+    connections: Vec<usize>,
+    /// Connection scale: devices per user.
+    #[arg(long, default_value_t = 100)]
+    devices_per_user: usize,
+    /// Connection scale: WebSocket handshakes in flight.
+    #[arg(long, default_value_t = 256)]
+    connect_concurrency: usize,
+    /// Source addresses 127.0.0.1..=127.0.0.n (each has its own ephemeral ports).
+    #[arg(long, default_value_t = 16)]
+    source_addrs: usize,
+    /// Where the evidence files go.
+    #[arg(long, default_value = "evidence/bench")]
+    out_dir: PathBuf,
+}
+
+pub fn main(args: Args) -> std::process::ExitCode {
+    imcore::telemetry::init("warn");
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("imcore-load ws: runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("imcore-load ws: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+struct Ctx {
+    args: Args,
+    bin: PathBuf,
+    pg: Pg,
+    env: Vec<(String, String)>,
+    machine: Value,
+    started: Instant,
+}
+
+async fn run(args: Args) -> Result<(), BoxError> {
+    let nofile = server::raise_nofile(1 << 20);
+    let bin = server::server_binary(args.server_bin.as_deref())?;
+    std::fs::create_dir_all(&args.data_dir)?;
+    let pg = Pg::start(args.database_url.as_deref(), &args.data_dir).await?;
+    let env = args
+        .server_env
+        .iter()
+        .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).ok_or("--server-env is NAME=value"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let machine = machine(&pg).await?;
+    eprintln!("imcore-load ws: server {} | open files {nofile} | {machine}", bin.display());
+    let ctx = Ctx { args, bin, pg, env, machine, started: Instant::now() };
+    let result = scenarios(&ctx).await;
+    eprintln!("imcore-load ws: done in {:.0} s", ctx.started.elapsed().as_secs_f64());
+    ctx.pg.stop();
+    result
+}
+
+async fn scenarios(ctx: &Ctx) -> Result<(), BoxError> {
+    let want = |s: &str| ctx.args.scenarios.iter().any(|x| x == s);
+    if want("hot") {
+        hot_group(ctx).await?;
+    }
+    if want("fanout") {
+        fan_out(ctx).await?;
+    }
+    if want("connections") {
+        connections(ctx).await?;
+    }
+    Ok(())
+}
+
+/// A fresh database and a server on it.
+async fn start_server(ctx: &Ctx, name: &str, write_path: &str) -> Result<(Server, Store, String), BoxError> {
+    let db_name = format!("imcore_bench_{name}");
+    let url = ctx.pg.create_db(&db_name).await?;
+    let log = ctx.args.data_dir.join(format!("server-{name}.log"));
+    let server = Server::start(&ctx.bin, write_path, &url, &log, &ctx.env).await?;
+    let db = Store::connect(&url, 4).await?;
+    eprintln!("server {name}: pid {}, port {}, write path {write_path}", server.pid, server.port);
+    Ok((server, db, db_name))
+}
+
+/// SIGTERM to the server, then its database is dropped.
+async fn stop_server(ctx: &Ctx, mut server: Server, db: Store, db_name: &str) {
+    drop(db);
+    server.stop();
+    if let Err(e) = ctx.pg.drop_db(db_name).await {
+        eprintln!("drop database {db_name}: {e}");
+    }
+}
+
+async fn hot_group(ctx: &Ctx) -> Result<(), BoxError> {
+    let a = &ctx.args;
+    let max_c = a.senders.iter().copied().max().unwrap_or(1).max(a.half_senders.unwrap_or(0));
+    let mut runs: Vec<Value> = vec![];
+    let mut profile = json!({});
+    for path in &a.write_paths {
+        let path = path.as_str();
+        let (server, db, db_name) = start_server(ctx, &format!("hot_{path}"), path).await?;
+        let result = async {
+            let (server, db) = (&server, &db);
+            let setup = hot::setup(server, max_c, a.receivers).await?;
+            let mut runs = vec![];
+            for &c in &a.senders {
+                let p = hot::Params {
+                    scenario: "hot-group",
+                    write_path: path,
+                    senders: c,
+                    window: a.window,
+                    receivers: a.receivers,
+                    seconds: a.seconds,
+                    messages: a.messages,
+                    rate: None,
+                    source_addrs: a.source_addrs,
+                    delivery_mode: &a.hot_delivery,
+                };
+                runs.push(hot::run(server, &ctx.pg, db, &setup, &p).await?);
+            }
+            let best = runs
+                .iter()
+                .filter_map(|r| Some((r["acked_per_s"].as_f64()?, r["senders"].as_u64()? as usize)))
+                .max_by(|x, y| x.0.total_cmp(&y.0));
+            if let (true, Some((best, best_c))) = (path == "actor", best) {
+                let senders = a.half_senders.unwrap_or(best_c);
+                let p = hot::Params {
+                    scenario: "half-load",
+                    write_path: path,
+                    senders,
+                    window: a.window,
+                    receivers: a.receivers,
+                    seconds: a.seconds,
+                    messages: a.messages,
+                    rate: Some((best / 2.0).max(1.0)),
+                    source_addrs: a.source_addrs,
+                    delivery_mode: &a.hot_delivery,
+                };
+                if senders > 0 {
+                    runs.push(hot::run(server, &ctx.pg, db, &setup, &p).await?);
+                }
+            }
+            // What one durable commit costs right now (the floor of a batch's latency).
+            let commit_ms = ctx.pg.commit_probe(200).await?;
+            Ok::<_, BoxError>((runs, commit_ms))
+        }
+        .await;
+        stop_server(ctx, server, db, &db_name).await;
+        let (mut r, commit_ms) = result?;
+        runs.append(&mut r);
+        profile[format!("commit_ms_after_{path}")] = json!((commit_ms * 1000.0).round() / 1000.0);
+    }
+    let ratios: Vec<Value> = a
+        .senders
+        .iter()
+        .map(|&c| {
+            let rate = |p: &str| {
+                runs.iter()
+                    .find(|r| r["scenario"] == "hot-group" && r["write_path"] == p && r["senders"] == c)
+                    .and_then(|r| r["acked_per_s"].as_f64())
+            };
+            let ratio = match (rate("actor"), rate("direct")) {
+                (Some(x), Some(d)) if d > 0.0 => json!((x / d * 10.0).round() / 10.0),
+                _ => Value::Null,
+            };
+            json!({"senders": c, "actor_over_direct": ratio})
+        })
+        .collect();
+    eprintln!("actor/direct: {}", Value::Array(ratios.clone()));
+    write_evidence(ctx, "ws-hot-group.json", runs, json!({"ratios": ratios, "profile": profile}))
+}
+
+async fn fan_out(ctx: &Ctx) -> Result<(), BoxError> {
+    let a = &ctx.args;
+    let max_m = a.fanout_members.iter().copied().max().unwrap_or(0);
+    let (server, db, db_name) = start_server(ctx, "fanout", "actor").await?;
+    let result = async {
+        let (server, db) = (&server, &db);
+        let mut devs = fanout::setup(server, max_m, a.source_addrs).await?;
+        let mut runs = vec![];
+        let mut members = a.fanout_members.clone();
+        members.sort_unstable();
+        for &m in &members {
+            for mode in &a.fanout_modes {
+                let p = fanout::Params { members: m, mode, rate: a.fanout_rate, messages: a.fanout_messages };
+                runs.push(fanout::run(server, &ctx.pg, db, &mut devs, &p).await?);
+            }
+        }
+        devs.close();
+        Ok::<_, BoxError>(runs)
+    }
+    .await;
+    stop_server(ctx, server, db, &db_name).await;
+    let runs = result?;
+    write_evidence(ctx, "fanout.json", runs, json!({}))
+}
+
+async fn connections(ctx: &Ctx) -> Result<(), BoxError> {
+    let a = &ctx.args;
+    let p = conns::Params {
+        stages: a.connections.clone(),
+        devices_per_user: a.devices_per_user,
+        source_addrs: a.source_addrs,
+        concurrency: a.connect_concurrency,
+    };
+    let (server, db, db_name) = start_server(ctx, "connections", "actor").await?;
+    let result = conns::run(&server, &ctx.pg, &p).await;
+    stop_server(ctx, server, db, &db_name).await;
+    let runs = result?;
+    write_evidence(ctx, "connections.json", runs, json!({}))
+}
+
+fn write_evidence(ctx: &Ctx, file: &str, runs: Vec<Value>, extra: Value) -> Result<(), BoxError> {
+    let mut doc = json!({
+        "machine": ctx.machine,
+        "date": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "git_rev": git_rev(),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "durability": {"fsync": "on", "synchronous_commit": "on"},
+        "runs": runs,
+    });
+    if let (Value::Object(d), Value::Object(e)) = (&mut doc, extra) {
+        d.extend(e);
+    }
+    std::fs::create_dir_all(&ctx.args.out_dir)?;
+    let path = ctx.args.out_dir.join(file);
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+async fn machine(pg: &Pg) -> Result<Value, BoxError> {
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_owned())))
+        .unwrap_or_else(|| std::env::consts::OS.to_owned());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            })
+        })
+        .map_or(0.0, |kib| (kib / 1024.0 / 1024.0 * 10.0).round() / 10.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    Ok(json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "memory_gib": mem_gib,
+        "os": os,
+        "kernel": kernel,
+        "postgres": pg.version().await?,
+    }))
+}
+
+fn git_rev() -> String {
+    let out = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let rev = out(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    match out(&["status", "--porcelain"]) {
+        Some(s) if !s.is_empty() => format!("{rev}-dirty"),
+        _ => rev,
+    }
+}
