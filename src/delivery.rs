@@ -7,16 +7,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Weak};
 
 use actix::dev::SendError;
 use actix::{Message, Recipient};
+use dashmap::DashMap;
 use imcore_actors::registry::{ConnId, RouteRegistry};
 use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
 
 use crate::domain::{DeliveryMode, Event, EventKind};
 use crate::metrics::metrics;
-use crate::protocol::{push_events, push_head};
+use crate::protocol::{encode_event, push_encoded_events, push_head};
 use crate::store::{Appended, MemberMap, Store};
 
 /// What a connection is sent from outside its own request handling.
@@ -108,22 +110,63 @@ impl Conn {
 
 pub type Routes = RouteRegistry<Conn>;
 
+/// Fan-out runs on a few delivery threads ("lanes"), never on a conversation
+/// actor's thread, so encoding and pushing a batch never delays the next
+/// batch's commit. A conversation always maps to the same lane, which keeps
+/// its batches in seq order per connection.
+const LANES: usize = 2;
+/// Batches waiting per lane; beyond it a batch's pushes are dropped (counted
+/// and logged): clients notice the gap and sync, the log is the truth.
+const LANE_CAPACITY: usize = 4096;
+
 pub struct Delivery {
+    fan: Arc<FanOut>,
+    lanes: Vec<SyncSender<(Appended, Arc<MemberMap>)>>,
+}
+
+struct FanOut {
     routes: Arc<Routes>,
     store: Store,
+    /// Direct path only: the highest seq pushed per conversation. Its ops fan
+    /// out from concurrent tasks, so an older event may come late; it is
+    /// dropped rather than pushed out of order (PROTOCOL §4).
+    direct_pushed: DashMap<ConvId, i64>,
 }
 
 impl Delivery {
     pub fn new(routes: Arc<Routes>, store: Store) -> Self {
-        Self { routes, store }
+        let fan = Arc::new(FanOut { routes, store, direct_pushed: DashMap::new() });
+        let lanes = (0..LANES)
+            .map(|i| {
+                let (lane, jobs) = sync_channel::<(Appended, Arc<MemberMap>)>(LANE_CAPACITY);
+                let fan = fan.clone();
+                std::thread::Builder::new()
+                    .name(format!("delivery-{i}"))
+                    .spawn(move || {
+                        // Ends when the `Delivery` (every sender) is dropped.
+                        for (appended, before) in jobs {
+                            fan.fan_out(&appended, &before);
+                        }
+                    })
+                    .map(|_| lane)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_else(|e| panic!("cannot start delivery threads: {e}"));
+        Self { fan, lanes }
     }
 
     pub fn routes(&self) -> &Arc<Routes> {
-        &self.routes
+        &self.fan.routes
     }
 
     /// Sends `frame` to every live device of `user`.
     pub fn to_user(&self, user: &UserId, frame: &Arc<str>, except: Option<&DeviceId>) {
+        self.fan.to_user(user, frame, except)
+    }
+}
+
+impl FanOut {
+    fn to_user(&self, user: &UserId, frame: &Arc<str>, except: Option<&DeviceId>) {
         for (device, route) in self.routes.routes_of(user) {
             if Some(&device) != except {
                 route.recipient.send(Push::Frame(frame.clone()));
@@ -172,7 +215,8 @@ impl Delivery {
     }
 
     /// One frame for everyone, except that a device never gets its own
-    /// messages pushed back (its ack answered it).
+    /// messages pushed back (its ack answered it): its frame is spliced from
+    /// the same encoded events, without its own.
     fn send_events<'a>(
         &self,
         conv: &str,
@@ -186,27 +230,45 @@ impl Delivery {
                 _ => None,
             }
         }
+        let mut encoded: Option<Vec<String>> = None;
         let mut shared: Option<Arc<str>> = None;
         for user in users {
             for (device, route) in self.routes.routes_of(user) {
-                let own = |e: &&Event| sent_by(e) == Some((user, &device));
-                let frame = if indices.iter().any(|&i| own(&&events[i])) {
-                    let rest: Vec<&Event> = indices.iter().map(|&i| &events[i]).filter(|e| !own(e)).collect();
+                let encoded =
+                    encoded.get_or_insert_with(|| indices.iter().map(|&i| encode_event(&events[i])).collect());
+                let own = |k: usize| sent_by(&events[indices[k]]) == Some((user, &device));
+                let frame = if (0..indices.len()).any(own) {
+                    let rest: Vec<&str> =
+                        (0..indices.len()).filter(|&k| !own(k)).map(|k| encoded[k].as_str()).collect();
                     if rest.is_empty() {
                         continue;
                     }
-                    Arc::from(push_events(conv, &rest))
+                    Arc::from(push_encoded_events(conv, &rest))
                 } else {
                     shared
                         .get_or_insert_with(|| {
-                            let picked: Vec<&Event> = indices.iter().map(|&i| &events[i]).collect();
-                            Arc::from(push_events(conv, &picked))
+                            let all: Vec<&str> = encoded.iter().map(String::as_str).collect();
+                            Arc::from(push_encoded_events(conv, &all))
                         })
                         .clone()
                 };
                 route.recipient.send(Push::Frame(frame));
             }
         }
+    }
+
+    /// The direct path's fan-out, after a member lookup of its own.
+    async fn direct(&self, mut appended: Appended) {
+        let members = match self.store.member_map(&appended.conv_id).await {
+            Ok(members) => members,
+            Err(e) => return tracing::warn!(conv_id = %appended.conv_id, error = %e, "delivery skipped"),
+        };
+        let mut pushed = self.direct_pushed.entry(appended.conv_id.clone()).or_insert(0);
+        appended.events.retain(|e| e.seq > *pushed);
+        let Some(last) = appended.events.last() else { return };
+        *pushed = last.seq;
+        drop(pushed);
+        self.fan_out(&appended, &members);
     }
 }
 
@@ -228,24 +290,31 @@ fn members_after(a: &Appended, before: &MemberMap) -> Vec<UserId> {
 }
 
 impl Fanout<Appended> for Delivery {
-    fn deliver(&self, _conv: &ConvId, appended: Appended) {
+    fn deliver(&self, conv: &ConvId, appended: Appended) {
         if appended.events.is_empty() {
             return;
         }
         match appended.members_before.clone() {
-            Some(before) => self.fan_out(&appended, &before),
+            Some(before) => {
+                let lane = &self.lanes[lane_of(conv)];
+                if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = lane.try_send((appended, before)) {
+                    metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
+                    tracing::warn!(conv_id = %conv, "delivery lane full: pushes of a batch dropped");
+                }
+            }
             // The direct path keeps no member map: look the members up after
             // commit, off the caller's path. A leaver of this very op misses
             // the push of its own leave; its sync has it.
             None => {
-                let (routes, store) = (self.routes.clone(), self.store.clone());
-                tokio::spawn(async move {
-                    match store.member_map(&appended.conv_id).await {
-                        Ok(members) => Delivery { routes, store }.fan_out(&appended, &members),
-                        Err(e) => tracing::warn!(conv_id = %appended.conv_id, error = %e, "delivery skipped"),
-                    }
-                });
+                let fan = self.fan.clone();
+                tokio::spawn(async move { fan.direct(appended).await });
             }
         }
     }
+}
+
+fn lane_of(conv: &ConvId) -> usize {
+    use std::hash::{BuildHasher, RandomState};
+    static SEED: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
+    (SEED.hash_one(conv) % LANES as u64) as usize
 }

@@ -5,4 +5,6 @@ mod error;
 mod wire;
 
 pub use error::{ErrorCode, WireError};
-pub use wire::{conversation_json, event_json, push_events, push_head, push_kicked, push_read, send_ack_json};
+pub use wire::{
+    conversation_json, encode_event, event_json, push_encoded_events, push_head, push_kicked, push_read, send_ack_json,
+};

@@ -99,30 +99,34 @@ pub fn event_json(e: &Event) -> Value {
     serde_json::to_value(wire_event(e)).unwrap_or(Value::Null)
 }
 
-/// `event` push for one event, `events` for several (ascending seq), as text
-/// encoded once and shared by every receiving connection.
-pub fn push_events(conv_id: &str, events: &[&Event]) -> String {
-    #[derive(Serialize)]
-    struct One<'a> {
-        push: &'static str,
-        conv_id: &'a str,
-        event: WireEvent<'a>,
+/// One event as JSON text, encoded once per batch and spliced into frames.
+pub fn encode_event(e: &Event) -> String {
+    serde_json::to_string(&wire_event(e)).unwrap_or_default()
+}
+
+/// `event` push for one encoded event, `events` for several (ascending seq).
+pub fn push_encoded_events(conv_id: &str, events: &[&str]) -> String {
+    let conv = serde_json::to_string(conv_id).unwrap_or_default();
+    let mut frame = String::with_capacity(48 + conv.len() + events.iter().map(|e| e.len() + 1).sum::<usize>());
+    if let [one] = events {
+        frame.push_str(r#"{"push":"event","conv_id":"#);
+        frame.push_str(&conv);
+        frame.push_str(r#","event":"#);
+        frame.push_str(one);
+    } else {
+        frame.push_str(r#"{"push":"events","conv_id":"#);
+        frame.push_str(&conv);
+        frame.push_str(r#","events":["#);
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                frame.push(',');
+            }
+            frame.push_str(e);
+        }
+        frame.push(']');
     }
-    #[derive(Serialize)]
-    struct Many<'a> {
-        push: &'static str,
-        conv_id: &'a str,
-        events: Vec<WireEvent<'a>>,
-    }
-    let text = match events {
-        [one] => serde_json::to_string(&One { push: "event", conv_id, event: wire_event(one) }),
-        many => serde_json::to_string(&Many {
-            push: "events",
-            conv_id,
-            events: many.iter().map(|e| wire_event(e)).collect(),
-        }),
-    };
-    text.unwrap_or_default()
+    frame.push('}');
+    frame
 }
 
 pub fn push_head(conv_id: &str, head: i64) -> String {
@@ -162,4 +166,27 @@ pub fn conversation_json(c: &ConversationInfo) -> Value {
         "retention_ms": c.retention_ms,
         "created_at": format_time(c.created_at),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::EventKind;
+    use imcore_actors::{ConvId, UserId};
+
+    #[test]
+    fn spliced_frames_are_the_json_of_the_protocol_pushes() {
+        let user = UserId::parse("u-a").expect("id");
+        let e = |seq| Event {
+            conv_id: ConvId::parse("g-1").expect("id"),
+            seq,
+            created_at: chrono::Utc::now(),
+            kind: EventKind::Join { subject: user.clone(), actor: user.clone() },
+        };
+        let (a, b) = (encode_event(&e(1)), encode_event(&e(2)));
+        let one: Value = serde_json::from_str(&push_encoded_events("g-1", &[&a])).expect("json");
+        assert_eq!(one, json!({"push": "event", "conv_id": "g-1", "event": event_json(&e(1))}));
+        let two: Value = serde_json::from_str(&push_encoded_events("g-1", &[&a, &b])).expect("json");
+        assert_eq!(two, json!({"push": "events", "conv_id": "g-1", "events": [event_json(&e(1)), event_json(&e(2))]}));
+    }
 }
