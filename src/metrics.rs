@@ -114,14 +114,17 @@ pub fn observe_write_phase(phase: &'static str, elapsed: Duration) {
     METRICS.write_phase.with_label_values(&[phase]).observe(elapsed.as_secs_f64());
 }
 
-/// Mean milliseconds per write-transaction phase so far, for load reports.
-pub fn write_phase_means_ms() -> Vec<(&'static str, f64)> {
-    ["pool", "begin", "lock", "lookup", "append", "commit"]
+/// The write-transaction phases, in order.
+pub const WRITE_PHASES: [&str; 6] = ["pool", "begin", "lock", "lookup", "append", "commit"];
+
+/// `(total seconds, transactions)` per phase so far, in [`WRITE_PHASES`]
+/// order; two readings give the mean per transaction in between.
+pub fn write_phase_totals() -> Vec<(f64, u64)> {
+    WRITE_PHASES
         .into_iter()
         .map(|phase| {
             let h = METRICS.write_phase.with_label_values(&[phase]);
-            let n = h.get_sample_count();
-            (phase, if n == 0 { 0.0 } else { h.get_sample_sum() * 1000.0 / n as f64 })
+            (h.get_sample_sum(), h.get_sample_count())
         })
         .collect()
 }

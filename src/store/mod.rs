@@ -87,8 +87,15 @@ impl Store {
             config.application_name("imcore");
         }
         let manager = PostgresConnectionManager::new(config, NoTls);
-        let pool =
-            bb8::Pool::builder().max_size(pool_size).connection_timeout(Duration::from_secs(10)).build(manager).await?;
+        let pool = bb8::Pool::builder()
+            .max_size(pool_size)
+            .connection_timeout(Duration::from_secs(10))
+            // No validation query per checkout (a round trip on every
+            // transaction): a connection that died fails its next
+            // statement (INTERNAL, safe to retry) and is then discarded.
+            .test_on_check_out(false)
+            .build(manager)
+            .await?;
         Ok(Self { pool, commit_stage: None })
     }
 

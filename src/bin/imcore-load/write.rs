@@ -14,6 +14,7 @@ use futures_util::future::join_all;
 use imcore::config::WritePath;
 use imcore::delivery::{Delivery, Routes};
 use imcore::domain::Body;
+use imcore::metrics::{write_phase_totals, WRITE_PHASES};
 use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
 use imcore::store::{CreateConversation, GroupSettings, SendOp, Store, WriteOp, Written};
 use imcore::writer::{WriteFailure, Writer};
@@ -183,6 +184,20 @@ struct Run {
     failed: u64,
     verified: bool,
     target_rate: Option<f64>,
+    /// Mean ms per write transaction, by phase (actor path).
+    phase_ms: Vec<(&'static str, f64)>,
+}
+
+/// Mean ms per transaction and phase between two `write_phase_totals` readings.
+fn phase_ms(before: &[(f64, u64)], after: &[(f64, u64)]) -> Vec<(&'static str, f64)> {
+    WRITE_PHASES
+        .iter()
+        .zip(before.iter().zip(after))
+        .map(|(phase, ((s0, n0), (s1, n1)))| {
+            let n = n1.saturating_sub(*n0);
+            (*phase, if n == 0 { 0.0 } else { (s1 - s0) * 1000.0 / n as f64 })
+        })
+        .collect()
 }
 
 struct Percentiles {
@@ -214,16 +229,18 @@ impl Run {
             "batch": {"mean": self.batch.0, "max": self.batch.1},
             "failed": self.failed,
             "target_rate": self.target_rate,
+            "transaction_phase_ms": self.phase_ms.iter().map(|(p, ms)| (p.to_string(), json!(ms))).collect::<serde_json::Map<_, _>>(),
             "verified": self.verified,
         })
     }
 }
 
 fn summary_line(r: &Run) -> String {
+    let phases: Vec<String> = r.phase_ms.iter().map(|(p, ms)| format!("{p} {ms:.2}")).collect();
     format!(
-        "{:<18} {:<6} C={:<4} convs={:<5} msgs={:<6} {:>8.0} acked/s  ack p50 {:.1} ms p99 {:.1} ms max {:.1} ms  batch mean {:.1} max {}  failed {}  verified {}",
+        "{:<18} {:<6} C={:<4} convs={:<5} msgs={:<6} {:>8.0} acked/s  ack p50 {:.1} ms p99 {:.1} ms max {:.1} ms  batch mean {:.1} max {}  failed {}  verified {}  txn ms: {}",
         r.scenario, r.write_path, r.senders, r.conversations, r.messages, r.acked_per_s, r.ack_ms.p50, r.ack_ms.p99,
-        r.ack_ms.max, r.batch.0, r.batch.1, r.failed, r.verified
+        r.ack_ms.max, r.batch.0, r.batch.1, r.failed, r.verified, phases.join(", ")
     )
 }
 
@@ -254,7 +271,9 @@ async fn hot_group(
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let writer = writer(store, path, args.commit_workers);
     let convs = vec![conv.clone()];
+    let phases_before = write_phase_totals();
     let (acks, failed, elapsed) = drive(&writer, &convs, users, senders, args, rate).await;
+    let phases = phase_ms(&phases_before, &write_phase_totals());
     writer.shutdown().await;
     let verified = verify(store, &convs, &acks).await?;
     let batch = batch_sizes(store, &convs).await?;
@@ -270,6 +289,7 @@ async fn hot_group(
         failed,
         verified,
         target_rate: rate,
+        phase_ms: phases,
     })
 }
 
@@ -297,7 +317,9 @@ async fn many_conversations(
     }
     let writer = writer(store, path, commit_workers);
     let senders = 256;
+    let phases_before = write_phase_totals();
     let (acks, failed, elapsed) = drive(&writer, &convs, users, senders, args, None).await;
+    let phases = phase_ms(&phases_before, &write_phase_totals());
     writer.shutdown().await;
     let verified = verify(store, &convs, &acks).await?;
     let batch = batch_sizes(store, &convs).await?;
@@ -317,6 +339,7 @@ async fn many_conversations(
         failed,
         verified,
         target_rate: None,
+        phase_ms: phases,
     })
 }
 
