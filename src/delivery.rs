@@ -12,7 +12,6 @@ use std::sync::{Arc, Weak};
 
 use actix::dev::SendError;
 use actix::{Message, Recipient};
-use dashmap::DashMap;
 use imcore_actors::registry::{ConnId, RouteRegistry};
 use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
 
@@ -121,31 +120,47 @@ const LANE_CAPACITY: usize = 4096;
 
 pub struct Delivery {
     fan: Arc<FanOut>,
-    lanes: Vec<SyncSender<(Appended, Arc<MemberMap>)>>,
+    lanes: Vec<SyncSender<Job>>,
+}
+
+/// A committed batch and the members before it.
+struct Job {
+    appended: Appended,
+    members: Arc<MemberMap>,
+    /// Direct path: ops of one conversation reach their lane from concurrent
+    /// tasks, so an older event may come after a newer one; it is dropped
+    /// rather than pushed out of order (PROTOCOL §4), and clients sync.
+    unordered: bool,
 }
 
 struct FanOut {
     routes: Arc<Routes>,
     store: Store,
-    /// Direct path only: the highest seq pushed per conversation. Its ops fan
-    /// out from concurrent tasks, so an older event may come late; it is
-    /// dropped rather than pushed out of order (PROTOCOL §4).
-    direct_pushed: DashMap<ConvId, i64>,
 }
 
 impl Delivery {
     pub fn new(routes: Arc<Routes>, store: Store) -> Self {
-        let fan = Arc::new(FanOut { routes, store, direct_pushed: DashMap::new() });
+        let fan = Arc::new(FanOut { routes, store });
         let lanes = (0..LANES)
             .map(|i| {
-                let (lane, jobs) = sync_channel::<(Appended, Arc<MemberMap>)>(LANE_CAPACITY);
+                let (lane, jobs) = sync_channel::<Job>(LANE_CAPACITY);
                 let fan = fan.clone();
                 std::thread::Builder::new()
                     .name(format!("delivery-{i}"))
                     .spawn(move || {
+                        // The highest seq pushed per conversation of unordered jobs.
+                        let mut pushed: HashMap<ConvId, i64> = HashMap::new();
                         // Ends when the `Delivery` (every sender) is dropped.
-                        for (appended, before) in jobs {
-                            fan.fan_out(&appended, &before);
+                        for mut job in jobs {
+                            if job.unordered {
+                                let last = pushed.entry(job.appended.conv_id.clone()).or_insert(0);
+                                job.appended.events.retain(|e| e.seq > *last);
+                                match job.appended.events.last() {
+                                    Some(e) => *last = e.seq,
+                                    None => continue,
+                                }
+                            }
+                            fan.fan_out(&job.appended, &job.members);
                         }
                     })
                     .map(|_| lane)
@@ -256,20 +271,6 @@ impl FanOut {
             }
         }
     }
-
-    /// The direct path's fan-out, after a member lookup of its own.
-    async fn direct(&self, mut appended: Appended) {
-        let members = match self.store.member_map(&appended.conv_id).await {
-            Ok(members) => members,
-            Err(e) => return tracing::warn!(conv_id = %appended.conv_id, error = %e, "delivery skipped"),
-        };
-        let mut pushed = self.direct_pushed.entry(appended.conv_id.clone()).or_insert(0);
-        appended.events.retain(|e| e.seq > *pushed);
-        let Some(last) = appended.events.last() else { return };
-        *pushed = last.seq;
-        drop(pushed);
-        self.fan_out(&appended, &members);
-    }
 }
 
 /// Members once the batch's joins and leaves are applied.
@@ -289,25 +290,38 @@ fn members_after(a: &Appended, before: &MemberMap) -> Vec<UserId> {
     users.into_iter().collect()
 }
 
+impl Delivery {
+    fn enqueue(&self, job: Job) {
+        let conv = job.appended.conv_id.clone();
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.lanes[lane_of(&conv)].try_send(job) {
+            metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
+            tracing::warn!(conv_id = %conv, "delivery lane full: pushes of a batch dropped");
+        }
+    }
+}
+
 impl Fanout<Appended> for Delivery {
-    fn deliver(&self, conv: &ConvId, appended: Appended) {
+    fn deliver(&self, _conv: &ConvId, appended: Appended) {
         if appended.events.is_empty() {
             return;
         }
         match appended.members_before.clone() {
-            Some(before) => {
-                let lane = &self.lanes[lane_of(conv)];
-                if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = lane.try_send((appended, before)) {
-                    metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
-                    tracing::warn!(conv_id = %conv, "delivery lane full: pushes of a batch dropped");
-                }
-            }
+            Some(members) => self.enqueue(Job { appended, members, unordered: false }),
             // The direct path keeps no member map: look the members up after
             // commit, off the caller's path. A leaver of this very op misses
             // the push of its own leave; its sync has it.
             None => {
-                let fan = self.fan.clone();
-                tokio::spawn(async move { fan.direct(appended).await });
+                let (fan, lanes) = (self.fan.clone(), self.lanes.clone());
+                tokio::spawn(async move {
+                    match fan.store.member_map(&appended.conv_id).await {
+                        Ok(members) => Delivery { fan, lanes }.enqueue(Job {
+                            appended,
+                            members: Arc::new(members),
+                            unordered: true,
+                        }),
+                        Err(e) => tracing::warn!(conv_id = %appended.conv_id, error = %e, "delivery skipped"),
+                    }
+                });
             }
         }
     }
