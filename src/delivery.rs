@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, LazyLock, OnceLock, Weak};
 
 use actix::dev::SendError;
 use actix::{Message, Recipient};
@@ -111,8 +111,10 @@ pub type Routes = RouteRegistry<Conn>;
 
 /// Fan-out runs on a few delivery threads ("lanes"), never on a conversation
 /// actor's thread, so encoding and pushing a batch never delays the next
-/// batch's commit. A conversation always maps to the same lane, which keeps
-/// its batches in seq order per connection.
+/// batch's commit. Every lane sees every batch, in order, and serves the users
+/// that hash to it: a connection is always served by one lane, so it gets one
+/// conversation's events in seq order, and a big group's fan-out is spread
+/// over all lanes.
 const LANES: usize = 2;
 /// Batches waiting per lane; beyond it a batch's pushes are dropped (counted
 /// and logged): clients notice the gap and sync, the log is the truth.
@@ -120,17 +122,19 @@ const LANE_CAPACITY: usize = 4096;
 
 pub struct Delivery {
     fan: Arc<FanOut>,
-    lanes: Vec<SyncSender<Job>>,
+    lanes: Vec<SyncSender<Arc<Job>>>,
 }
 
-/// A committed batch and the members before it.
+/// A committed batch and the members before it, shared by the lanes.
 struct Job {
     appended: Appended,
     members: Arc<MemberMap>,
-    /// Direct path: ops of one conversation reach their lane from concurrent
+    /// Direct path: ops of one conversation reach the lanes from concurrent
     /// tasks, so an older event may come after a newer one; it is dropped
     /// rather than pushed out of order (PROTOCOL §4), and clients sync.
     unordered: bool,
+    /// Every event as JSON, encoded once by whichever lane needs it first.
+    encoded: OnceLock<Vec<String>>,
 }
 
 struct FanOut {
@@ -142,28 +146,29 @@ impl Delivery {
     pub fn new(routes: Arc<Routes>, store: Store) -> Self {
         let fan = Arc::new(FanOut { routes, store });
         let lanes = (0..LANES)
-            .map(|i| {
-                let (lane, jobs) = sync_channel::<Job>(LANE_CAPACITY);
+            .map(|lane| {
+                let (sender, jobs) = sync_channel::<Arc<Job>>(LANE_CAPACITY);
                 let fan = fan.clone();
                 std::thread::Builder::new()
-                    .name(format!("delivery-{i}"))
+                    .name(format!("delivery-{lane}"))
                     .spawn(move || {
                         // The highest seq pushed per conversation of unordered jobs.
                         let mut pushed: HashMap<ConvId, i64> = HashMap::new();
                         // Ends when the `Delivery` (every sender) is dropped.
-                        for mut job in jobs {
+                        for job in jobs {
+                            let mut after = 0;
                             if job.unordered {
                                 let last = pushed.entry(job.appended.conv_id.clone()).or_insert(0);
-                                job.appended.events.retain(|e| e.seq > *last);
+                                after = *last;
                                 match job.appended.events.last() {
-                                    Some(e) => *last = e.seq,
-                                    None => continue,
+                                    Some(e) if e.seq > after => *last = e.seq,
+                                    _ => continue,
                                 }
                             }
-                            fan.fan_out(&job.appended, &job.members);
+                            fan.fan_out(&job, lane, after);
                         }
                     })
-                    .map(|_| lane)
+                    .map(|_| sender)
             })
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_else(|e| panic!("cannot start delivery threads: {e}"));
@@ -189,29 +194,35 @@ impl FanOut {
         }
     }
 
-    fn fan_out(&self, a: &Appended, before: &MemberMap) {
+    /// Pushes the events of `job` after seq `after` to the members this `lane` serves.
+    fn fan_out(&self, job: &Job, lane: usize, after: i64) {
+        let (a, before) = (&job.appended, &*job.members);
+        let mine = |user: &UserId| lane_of(user) == lane;
         let conv = a.conv_id.as_str();
         if a.delivery_mode == DeliveryMode::Pull {
             let frame: Arc<str> = push_head(conv, a.head).into();
-            for user in members_after(a, before) {
-                self.to_user(&user, &frame, None);
+            for user in members_after(a, before).iter().filter(|u| mine(u)) {
+                self.to_user(user, &frame, None);
             }
             return;
         }
+        let fresh: Vec<usize> = (0..a.events.len()).filter(|&i| a.events[i].seq > after).collect();
         let changes_membership =
             a.events.iter().any(|e| matches!(e.kind, EventKind::Join { .. } | EventKind::Leave { .. }));
         if !changes_membership {
-            let all: Vec<usize> = (0..a.events.len()).collect();
-            self.send_events(conv, &a.events, &all, before.keys());
+            self.send_events(job, &fresh, before.keys().filter(|u| mine(u)));
             return;
         }
         // Who sees which event: replay the batch's joins and leaves (a joiner
         // sees from its join, a leaver up to and including its leave).
-        let mut current: HashSet<&UserId> = before.keys().collect();
+        let mut current: HashSet<&UserId> = before.keys().filter(|u| mine(u)).collect();
         let mut visible: HashMap<&UserId, Vec<usize>> = HashMap::new();
-        for (i, e) in a.events.iter().enumerate() {
+        for &i in &fresh {
+            let e = &a.events[i];
             if let EventKind::Join { subject, .. } = &e.kind {
-                current.insert(subject);
+                if mine(subject) {
+                    current.insert(subject);
+                }
             }
             for user in &current {
                 visible.entry(user).or_default().push(i);
@@ -225,36 +236,31 @@ impl FanOut {
             groups.entry(indices).or_default().push(user);
         }
         for (indices, users) in groups {
-            self.send_events(conv, &a.events, &indices, users.into_iter());
+            self.send_events(job, &indices, users.into_iter());
         }
     }
 
     /// One frame for everyone, except that a device never gets its own
     /// messages pushed back (its ack answered it): its frame is spliced from
     /// the same encoded events, without its own.
-    fn send_events<'a>(
-        &self,
-        conv: &str,
-        events: &[Event],
-        indices: &[usize],
-        users: impl Iterator<Item = &'a UserId>,
-    ) {
+    fn send_events<'a>(&self, job: &Job, indices: &[usize], users: impl Iterator<Item = &'a UserId>) {
+        let (conv, events) = (job.appended.conv_id.as_str(), &job.appended.events);
         fn sent_by(e: &Event) -> Option<(&UserId, &DeviceId)> {
             match &e.kind {
                 EventKind::Msg { sender, sender_device, .. } => Some((sender, sender_device)),
                 _ => None,
             }
         }
-        let mut encoded: Option<Vec<String>> = None;
+        if indices.is_empty() {
+            return;
+        }
         let mut shared: Option<Arc<str>> = None;
         for user in users {
             for (device, route) in self.routes.routes_of(user) {
-                let encoded =
-                    encoded.get_or_insert_with(|| indices.iter().map(|&i| encode_event(&events[i])).collect());
-                let own = |k: usize| sent_by(&events[indices[k]]) == Some((user, &device));
-                let frame = if (0..indices.len()).any(own) {
-                    let rest: Vec<&str> =
-                        (0..indices.len()).filter(|&k| !own(k)).map(|k| encoded[k].as_str()).collect();
+                let encoded = job.encoded.get_or_init(|| events.iter().map(encode_event).collect());
+                let own = |i: usize| sent_by(&events[i]) == Some((user, &device));
+                let frame = if indices.iter().any(|&i| own(i)) {
+                    let rest: Vec<&str> = indices.iter().filter(|&&i| !own(i)).map(|&i| encoded[i].as_str()).collect();
                     if rest.is_empty() {
                         continue;
                     }
@@ -262,7 +268,7 @@ impl FanOut {
                 } else {
                     shared
                         .get_or_insert_with(|| {
-                            let all: Vec<&str> = encoded.iter().map(String::as_str).collect();
+                            let all: Vec<&str> = indices.iter().map(|&i| encoded[i].as_str()).collect();
                             Arc::from(push_encoded_events(conv, &all))
                         })
                         .clone()
@@ -291,11 +297,13 @@ fn members_after(a: &Appended, before: &MemberMap) -> Vec<UserId> {
 }
 
 impl Delivery {
-    fn enqueue(&self, job: Job) {
-        let conv = job.appended.conv_id.clone();
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.lanes[lane_of(&conv)].try_send(job) {
-            metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
-            tracing::warn!(conv_id = %conv, "delivery lane full: pushes of a batch dropped");
+    fn enqueue(&self, appended: Appended, members: Arc<MemberMap>, unordered: bool) {
+        let job = Arc::new(Job { appended, members, unordered, encoded: OnceLock::new() });
+        for lane in &self.lanes {
+            if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = lane.try_send(job.clone()) {
+                metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
+                tracing::warn!(conv_id = %job.appended.conv_id, "delivery lane full: pushes of a batch dropped");
+            }
         }
     }
 }
@@ -306,7 +314,7 @@ impl Fanout<Appended> for Delivery {
             return;
         }
         match appended.members_before.clone() {
-            Some(members) => self.enqueue(Job { appended, members, unordered: false }),
+            Some(members) => self.enqueue(appended, members, false),
             // The direct path keeps no member map: look the members up after
             // commit, off the caller's path. A leaver of this very op misses
             // the push of its own leave; its sync has it.
@@ -314,11 +322,7 @@ impl Fanout<Appended> for Delivery {
                 let (fan, lanes) = (self.fan.clone(), self.lanes.clone());
                 tokio::spawn(async move {
                     match fan.store.member_map(&appended.conv_id).await {
-                        Ok(members) => Delivery { fan, lanes }.enqueue(Job {
-                            appended,
-                            members: Arc::new(members),
-                            unordered: true,
-                        }),
+                        Ok(members) => Delivery { fan, lanes }.enqueue(appended, Arc::new(members), true),
                         Err(e) => tracing::warn!(conv_id = %appended.conv_id, error = %e, "delivery skipped"),
                     }
                 });
@@ -327,8 +331,9 @@ impl Fanout<Appended> for Delivery {
     }
 }
 
-fn lane_of(conv: &ConvId) -> usize {
+/// The lane that serves `user`'s connections.
+fn lane_of(user: &UserId) -> usize {
     use std::hash::{BuildHasher, RandomState};
-    static SEED: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
-    (SEED.hash_one(conv) % LANES as u64) as usize
+    static SEED: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    (SEED.hash_one(user) % LANES as u64) as usize
 }
