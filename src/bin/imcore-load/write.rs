@@ -270,26 +270,41 @@ async fn hot_group(
     rate: Option<f64>,
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let writer = writer(store, path, args.commit_workers);
-    let convs = vec![conv.clone()];
+    let scenario = if rate.is_some() { "hot-group-half-load" } else { "hot-group" };
+    measured(store, &writer, scenario, path, &[conv.clone()], users, senders, args, rate).await
+}
+
+/// Drives `convs` through `writer`, then verifies what was written and
+/// reads the batch sizes PostgreSQL saw.
+#[allow(clippy::too_many_arguments)]
+async fn measured(
+    store: &Store,
+    writer: &Writer,
+    scenario: &'static str,
+    path: WritePath,
+    convs: &[ConvId],
+    users: &[UserId],
+    senders: usize,
+    args: &Args,
+    rate: Option<f64>,
+) -> Result<Run, Box<dyn std::error::Error>> {
     let phases_before = write_phase_totals();
-    let (acks, failed, elapsed) = drive(&writer, &convs, users, senders, args, rate).await;
-    let phases = phase_ms(&phases_before, &write_phase_totals());
+    let (acks, failed, elapsed) = drive(writer, convs, users, senders, args, rate).await;
+    let phase_ms = phase_ms(&phases_before, &write_phase_totals());
     writer.shutdown().await;
-    let verified = verify(store, &convs, &acks).await?;
-    let batch = batch_sizes(store, &convs).await?;
     Ok(Run {
-        scenario: if rate.is_some() { "hot-group-half-load" } else { "hot-group" },
+        scenario,
         write_path: path_name(path),
         senders,
-        conversations: 1,
+        conversations: convs.len(),
         messages: acks.len() as u64,
         acked_per_s: acks.len() as f64 / elapsed.as_secs_f64(),
         ack_ms: Percentiles::of(acks.iter().map(|a| a.ms).collect()),
-        batch,
+        batch: batch_sizes(store, convs).await?,
         failed,
-        verified,
+        verified: verify(store, convs, &acks).await?,
         target_rate: rate,
-        phase_ms: phases,
+        phase_ms,
     })
 }
 
@@ -316,31 +331,12 @@ async fn many_conversations(
         convs.push(created.info.conv_id);
     }
     let writer = writer(store, path, commit_workers);
-    let senders = 256;
-    let phases_before = write_phase_totals();
-    let (acks, failed, elapsed) = drive(&writer, &convs, users, senders, args, None).await;
-    let phases = phase_ms(&phases_before, &write_phase_totals());
-    writer.shutdown().await;
-    let verified = verify(store, &convs, &acks).await?;
-    let batch = batch_sizes(store, &convs).await?;
-    Ok(Run {
-        scenario: if path == WritePath::Actor && commit_workers == 0 {
-            "many-conversations-no-commit-stage"
-        } else {
-            "many-conversations"
-        },
-        write_path: path_name(path),
-        senders,
-        conversations: convs.len(),
-        messages: acks.len() as u64,
-        acked_per_s: acks.len() as f64 / elapsed.as_secs_f64(),
-        ack_ms: Percentiles::of(acks.iter().map(|a| a.ms).collect()),
-        batch,
-        failed,
-        verified,
-        target_rate: None,
-        phase_ms: phases,
-    })
+    let scenario = if path == WritePath::Actor && commit_workers == 0 {
+        "many-conversations-no-commit-stage"
+    } else {
+        "many-conversations"
+    };
+    measured(store, &writer, scenario, path, &convs, users, 256, args, None).await
 }
 
 struct Ack {
