@@ -271,7 +271,7 @@ async fn hot_group(
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let writer = writer(store, path, args.commit_workers);
     let scenario = if rate.is_some() { "hot-group-half-load" } else { "hot-group" };
-    measured(store, &writer, scenario, path, &[conv.clone()], users, senders, args, rate).await
+    measured(store, &writer, scenario, path, std::slice::from_ref(conv), users, senders, args, rate).await
 }
 
 /// Drives `convs` through `writer`, then verifies what was written and
