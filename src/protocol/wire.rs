@@ -177,10 +177,11 @@ mod tests {
     #[test]
     fn spliced_frames_are_the_json_of_the_protocol_pushes() {
         let user = UserId::parse("u-a").expect("id");
+        let at = chrono::Utc::now();
         let e = |seq| Event {
             conv_id: ConvId::parse("g-1").expect("id"),
             seq,
-            created_at: chrono::Utc::now(),
+            created_at: at,
             kind: EventKind::Join { subject: user.clone(), actor: user.clone() },
         };
         let (a, b) = (encode_event(&e(1)), encode_event(&e(2)));
