@@ -27,7 +27,9 @@ use crate::store::{
 };
 
 /// Longest group name accepted.
-pub const MAX_NAME_CHARS: usize = 256;
+pub const MAX_NAME_CHARS: usize = 128;
+/// Largest `max_member` (the schema's bound).
+pub const MAX_GROUP_SIZE: i64 = 1_000_000;
 /// Most members named in one `create_conversation`.
 pub const MAX_CREATE_MEMBERS: usize = 1000;
 
@@ -150,7 +152,7 @@ fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
                     .parse::<JoinMode>()
                     .map_err(|()| ApiError::bad_request("`join_mode` is `invite`, `approval` or `free`"))?;
             }
-            if let Some(n) = f.int_in("max_member", 1, i32::MAX.into())? {
+            if let Some(n) = f.int_in("max_member", 1, MAX_GROUP_SIZE)? {
                 settings.max_member = n as i32;
             }
             if let Some(ms) = f.int_in("recall_window_ms", 0, i64::MAX)? {

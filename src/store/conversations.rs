@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use imcore_actors::{ConvId, UserId};
 use sha2::{Digest, Sha256};
 use tokio_postgres::types::Type;
-use tokio_postgres::Row;
+use tokio_postgres::{GenericClient, Row};
 
 use super::write::{apply_ops, ConvCache, JoinOp, WriteOp};
 use super::{Store, StoreError};
@@ -80,11 +80,14 @@ pub struct CreatedConversation {
     pub events: Vec<Event>,
 }
 
+/// Prefix of direct conversation ids; refused for client-chosen group ids.
+const DIRECT_PREFIX: &str = "d-";
+
 /// The id of the direct conversation of a pair, whoever creates it.
 pub fn direct_conv_id(a: &UserId, b: &UserId) -> ConvId {
     let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
     let digest = Sha256::digest(format!("{lo}\n{hi}").as_bytes());
-    let id = format!("d-{}", &hex::encode(digest)[..40]);
+    let id = format!("{DIRECT_PREFIX}{}", &hex::encode(digest)[..40]);
     ConvId::parse(&id).unwrap_or_else(|_| unreachable!("hex is in the id alphabet"))
 }
 
@@ -132,6 +135,14 @@ impl Store {
             }
             CreateConversation::Group { creator, conv_id, name, members, settings } => {
                 let id = match conv_id {
+                    // Direct ids are derived from the pair; a group must never
+                    // take one (it would capture that pair's direct chat).
+                    Some(id) if id.as_str().starts_with(DIRECT_PREFIX) => {
+                        return Err(Rejection::BadRequest(format!(
+                            "conv_id may not start with `{DIRECT_PREFIX}`: reserved for direct conversations"
+                        ))
+                        .into())
+                    }
                     Some(id) => id.clone(),
                     None => ConvId::parse(&format!("g-{}", uuid::Uuid::new_v4().simple()))
                         .unwrap_or_else(|_| unreachable!("uuid hex is in the id alphabet")),
@@ -168,10 +179,9 @@ impl Store {
             Err(e) => return Err(e.into()),
         };
         if inserted == 0 {
-            drop(tx);
             return match kind {
                 "direct" => Ok(CreatedConversation {
-                    info: self.get_conversation(&conv_id, creator).await?,
+                    info: read_conversation(&tx, &conv_id, creator).await?,
                     created: false,
                     events: vec![],
                 }),
@@ -194,28 +204,18 @@ impl Store {
         if let Some(Err(rejection)) = written.outcomes.into_iter().find(Result::is_err) {
             return Err(rejection.into()); // dropping `tx` rolls the whole creation back
         }
+        // Read before COMMIT, on the same connection: nothing can fail after
+        // the commit (a retry would create a second group).
+        let info = read_conversation(&tx, &conv_id, creator).await?;
         tx.commit().await?;
-        Ok(CreatedConversation {
-            info: self.get_conversation(&conv_id, creator).await?,
-            created: true,
-            events: written.appended.events,
-        })
+        Ok(CreatedConversation { info, created: true, events: written.appended.events })
     }
 
     /// The conversation as `caller` may see it: anyone who has ever been a
     /// member (former members keep reading their history); else `NOT_MEMBER`,
     /// also for a conversation that does not exist.
     pub async fn get_conversation(&self, conv: &ConvId, caller: &UserId) -> Result<ConversationInfo, StoreError> {
-        let conn = self.pool.get().await?;
-        let sql = format!(
-            "SELECT {CONVERSATION_COLUMNS} FROM conversations c WHERE c.conv_id = $1
-               AND EXISTS (SELECT 1 FROM membership_periods p WHERE p.conv_id = c.conv_id AND p.user_id = $2)"
-        );
-        let row = conn
-            .query_typed_opt(&sql, &[(&conv.as_str(), Type::TEXT), (&caller.as_str(), Type::TEXT)])
-            .await?
-            .ok_or(Rejection::NotMember)?;
-        Ok(conversation_from_row(&row))
+        read_conversation(&*self.pool.get().await?, conv, caller).await
     }
 
     /// Admin: bump the epoch after the log was rebuilt (a restore). Clients
@@ -231,4 +231,22 @@ impl Store {
             .ok_or(Rejection::NotFound("conversation"))?;
         Ok(row.get(0))
     }
+}
+
+/// The conversation if `caller` was ever a member of it, else `NOT_MEMBER`
+/// (also for one that does not exist: no existence leak).
+async fn read_conversation(
+    c: &impl GenericClient,
+    conv: &ConvId,
+    caller: &UserId,
+) -> Result<ConversationInfo, StoreError> {
+    let sql = format!(
+        "SELECT {CONVERSATION_COLUMNS} FROM conversations c WHERE c.conv_id = $1
+           AND EXISTS (SELECT 1 FROM membership_periods p WHERE p.conv_id = c.conv_id AND p.user_id = $2)"
+    );
+    let row = c
+        .query_typed_opt(&sql, &[(&conv.as_str(), Type::TEXT), (&caller.as_str(), Type::TEXT)])
+        .await?
+        .ok_or(Rejection::NotMember)?;
+    Ok(conversation_from_row(&row))
 }

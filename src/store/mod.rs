@@ -25,7 +25,7 @@ use crate::domain::Rejection;
 
 pub use accounts::{DeviceToken, TokenOwner};
 use commit_stage::CommitStage;
-pub use conversations::{ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
+pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use sync::{SyncPage, SyncRequest, SYNC_FORWARD, SYNC_MAX_LIMIT};

@@ -140,11 +140,13 @@ struct ConvRow {
 }
 
 /// Rows are locked in `conv_id` order, so two transactions that each lock
-/// several conversations never deadlock.
+/// several conversations never deadlock. `NO KEY UPDATE` serialises writers of
+/// a conversation just as well (it conflicts with itself) without blocking
+/// other transactions' foreign-key checks against the row.
 const LOCK_CONVERSATIONS: &str = "
 SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, join_mode,
        delivery_mode, min_seq, date_trunc('milliseconds', now())
-  FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR UPDATE";
+  FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE";
 
 /// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
 /// join against the key list can scan the whole conversation). Tombstones are

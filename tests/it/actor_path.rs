@@ -156,7 +156,7 @@ async fn stalled_backend(c: &tokio_postgres::Client, condition: &str) -> Option<
 }
 
 /// The writer's transaction waiting for a conversation row lock.
-const WAITING_FOR_ROW_LOCK: &str = "wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'";
+const WAITING_FOR_ROW_LOCK: &str = "wait_event_type = 'Lock' AND query LIKE '%FOR NO KEY UPDATE%'";
 
 // ---------------------------------------------------------------------------
 // 1. P6: one client's sends commit in issue order.

@@ -269,3 +269,40 @@ on_path!(
         every_refused_send_leaves_head_unchanged,
     ]
 );
+
+/// A group may not take a direct conversation's id: it would capture that
+/// pair's direct chat (creating the direct chat would return the group).
+#[actix_web::test]
+async fn a_group_cannot_take_a_direct_conversations_id() {
+    let env = Env::new(Path::Direct).await;
+    env.users(&["u-ana", "u-ben", "u-eve"]).await;
+    let direct_id = imcore::store::direct_conv_id(&uid("u-ana"), &uid("u-ben"));
+    let squat = env
+        .store()
+        .create_conversation(&imcore::store::CreateConversation::Group {
+            creator: uid("u-eve"),
+            conv_id: Some(direct_id.clone()),
+            name: "squat".into(),
+            members: vec![uid("u-ana"), uid("u-ben")],
+            settings: Default::default(),
+        })
+        .await;
+    let direct = env
+        .store()
+        .create_conversation(&imcore::store::CreateConversation::Direct { creator: uid("u-ana"), other: uid("u-ben") })
+        .await
+        .expect("direct");
+    let pass = matches!(squat, Err(StoreError::Rejected(Rejection::BadRequest(_))))
+        && direct.created
+        && direct.info.kind == "direct"
+        && direct.info.conv_id == direct_id;
+    record(
+        SUITE,
+        "direct-id-reserved",
+        "direct",
+        "a group created with a direct conversation's id is refused (BAD_REQUEST); the pair's direct chat is then created as a direct chat",
+        json!({"group_with_direct_id": format!("{:?}", squat.map(|c| c.info.conv_id)), "direct_created": direct.created, "direct_kind": direct.info.kind}),
+        pass,
+    );
+    assert!(pass);
+}
