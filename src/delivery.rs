@@ -165,7 +165,7 @@ impl Delivery {
                                     _ => continue,
                                 }
                             }
-                            fan.fan_out(&job, lane, after);
+                            fan.fan_out(&job, Some(lane), after);
                         }
                     })
                     .map(|_| sender)
@@ -177,6 +177,16 @@ impl Delivery {
 
     pub fn routes(&self) -> &Arc<Routes> {
         &self.fan.routes
+    }
+
+    /// Delivers a conversation's first events (its creation) on the caller's
+    /// thread, before the caller answers: no later event of the conversation
+    /// can exist yet, and a device connecting after the answer does not get
+    /// them pushed (its sync has them).
+    pub fn deliver_created(&self, appended: Appended) {
+        let members = Arc::new(MemberMap::new());
+        let job = Job { appended, members, unordered: false, encoded: OnceLock::new() };
+        self.fan.fan_out(&job, None, 0);
     }
 
     /// Sends `frame` to every live device of `user`.
@@ -194,10 +204,11 @@ impl FanOut {
         }
     }
 
-    /// Pushes the events of `job` after seq `after` to the members this `lane` serves.
-    fn fan_out(&self, job: &Job, lane: usize, after: i64) {
+    /// Pushes the events of `job` after seq `after` to the members `lane`
+    /// serves (`None`: every member).
+    fn fan_out(&self, job: &Job, lane: Option<usize>, after: i64) {
         let (a, before) = (&job.appended, &*job.members);
-        let mine = |user: &UserId| lane_of(user) == lane;
+        let mine = |user: &UserId| lane.map_or(true, |l| lane_of(user) == l);
         let conv = a.conv_id.as_str();
         if a.delivery_mode == DeliveryMode::Pull {
             let frame: Arc<str> = push_head(conv, a.head).into();

@@ -13,7 +13,7 @@ use std::time::Instant;
 use actix_web::web;
 use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
-use imcore_actors::{ClientMsgId, ConvId, Fanout, UserId};
+use imcore_actors::{ClientMsgId, ConvId, UserId};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
@@ -22,7 +22,7 @@ use crate::domain::{format_time, Body, DeliveryMode, JoinMode};
 use crate::metrics::{metrics, observe_send};
 use crate::protocol::{conversation_json, event_json, push_read, send_ack_json};
 use crate::store::{
-    Appended, CreateConversation, GroupSettings, MemberMap, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
+    Appended, CreateConversation, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
     INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_MAX_LIMIT,
 };
 
@@ -277,14 +277,13 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
             if !created.events.is_empty() {
                 // Nobody was a member before: replaying the joins on an empty
                 // map gives each member the events from its own join on.
-                let appended = Appended {
+                state.delivery.deliver_created(Appended {
                     conv_id: info.conv_id.clone(),
                     events: created.events,
                     head: info.head,
-                    members_before: Some(Arc::new(MemberMap::new())),
+                    members_before: None,
                     delivery_mode: info.delivery_mode,
-                };
-                state.delivery.deliver(&info.conv_id, appended);
+                });
             }
             Ok(Reply { created: created.created, body: conversation_json(&info) })
         }
