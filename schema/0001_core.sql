@@ -21,7 +21,7 @@ CREATE TABLE devices (
 
 -- head = next_seq - 1. Rows are never deleted (dismiss is a status), which is why
 -- events carry no foreign key to this table: every event is inserted while this
--- row is locked FOR UPDATE by the inserting transaction.
+-- row is locked (FOR NO KEY UPDATE) by the inserting transaction.
 CREATE TABLE conversations (
     conv_id          text PRIMARY KEY CHECK (conv_id ~ '^[A-Za-z0-9._:@-]{1,64}$'),
     kind             text NOT NULL CHECK (kind IN ('direct', 'group')),

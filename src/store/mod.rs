@@ -18,7 +18,6 @@ mod write;
 use std::time::Duration;
 
 use bb8_postgres::PostgresConnectionManager;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
 use crate::domain::Rejection;
@@ -56,16 +55,6 @@ pub enum StoreError {
     /// A transaction shared by several conversations' batches failed.
     #[error("shared write transaction failed: {0}")]
     Shared(String),
-}
-
-impl StoreError {
-    /// The SQLSTATE of a database error, for classifying it (never the text).
-    pub fn sql_state(&self) -> Option<&SqlState> {
-        match self {
-            StoreError::Db(e) => e.code(),
-            _ => None,
-        }
-    }
 }
 
 /// Handle to the database; cheap to clone.
