@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::evidence::record;
 use crate::harness::TestDb;
-use crate::server::{http_raw, TestServer, Ws, ADMIN};
+use crate::server::{free_port, http_raw, TestServer, Ws, ADMIN};
 
 const SUITE: &str = "im-05";
 
@@ -250,10 +250,6 @@ async fn spawn_server(db_url: &str, port: u16) -> Child {
         assert!(Instant::now() < deadline, "the server binary did not become ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
 }
 
 /// One send as the client saw it.

@@ -1,19 +1,14 @@
-//! The whole server in-process on port 0, and protocol-level clients: a tiny
-//! HTTP/1.1 client over raw TCP and a WebSocket client (tokio-tungstenite)
-//! that pairs replies by `id` and keeps pushes aside.
+//! The whole server in-process on port 0, and the tests' face of the shared
+//! protocol client (`imcore-client`): the same calls, failing the test
+//! instead of returning errors, with bounded waits.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
 use imcore::config::Config;
 use imcore::startup::{Application, ShutdownTrigger};
+use imcore_client::ClientError;
+pub use imcore_client::Closed;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::harness::TestDb;
 
@@ -88,102 +83,45 @@ impl TestServer {
     }
 }
 
-/// One HTTP/1.1 request on a fresh connection (`Connection: close`).
+/// One HTTP/1.1 request on a fresh connection.
 pub async fn http_raw(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, Value) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    let body = body.unwrap_or("");
-    req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).await.expect("write request");
-    let mut raw = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut raw)).await.expect("response in time").expect("read response");
-    let text = String::from_utf8_lossy(&raw);
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status: u16 = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let payload = if chunked { dechunk(rest) } else { rest.to_owned() };
-    (status, serde_json::from_str(&payload).unwrap_or(Value::String(payload)))
+    let mut http = imcore_client::Http::new(port);
+    tokio::time::timeout(WAIT, http.request(method, path, token, body))
+        .await
+        .expect("response in time")
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+/// A loopback port nobody listens on.
+pub fn free_port() -> u16 {
+    imcore_client::free_port().expect("a free port")
 }
 
-type Stream = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-/// How a connection ended, as the client saw it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Closed {
-    pub code: Option<u16>,
-    /// Pushes received before the close.
-    pub pushes: Vec<Value>,
-}
-
-pub struct Ws {
-    stream: Stream,
-    next_id: u64,
-    pushes: VecDeque<Value>,
-    replies: Vec<Value>,
-}
+/// A WebSocket connection (`imcore_client::Ws`) whose calls fail the test.
+pub struct Ws(imcore_client::Ws);
 
 impl Ws {
     /// `Err(status)` when the upgrade is refused.
     pub async fn connect(port: u16, token: Option<&str>) -> Result<Self, u16> {
-        let mut req = format!("ws://127.0.0.1:{port}/v1/ws").into_client_request().expect("request");
-        if let Some(t) = token {
-            req.headers_mut().insert("Authorization", format!("Bearer {t}").parse().expect("header"));
-        }
-        Self::connect_request(req).await
+        upgraded(imcore_client::Ws::connect(port, token).await)
     }
 
     pub async fn connect_url(url: &str) -> Result<Self, u16> {
-        Self::connect_request(url.into_client_request().expect("request")).await
-    }
-
-    async fn connect_request(req: tokio_tungstenite::tungstenite::handshake::client::Request) -> Result<Self, u16> {
-        match tokio_tungstenite::connect_async(req).await {
-            Ok((stream, _)) => Ok(Self { stream, next_id: 1, pushes: VecDeque::new(), replies: vec![] }),
-            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(resp.status().as_u16()),
-            Err(e) => panic!("websocket connect: {e}"),
-        }
+        upgraded(imcore_client::Ws::connect_url(url).await)
     }
 
     pub async fn send_text(&mut self, text: String) {
-        self.stream.send(Message::Text(text)).await.expect("send frame");
+        self.0.send_text(text).await.expect("send frame");
     }
 
     /// Sends `{"id", "op", ...fields}` without waiting; returns the id.
     pub async fn start(&mut self, op: &str, fields: Value) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut frame = fields;
-        frame["id"] = json!(id);
-        frame["op"] = json!(op);
-        self.send_text(frame.to_string()).await;
-        id
+        self.0.start(op, fields).await.expect("send frame")
     }
 
     /// The reply with this id (pushes arriving meanwhile are kept).
     pub async fn reply(&mut self, id: u64) -> Value {
-        loop {
-            if let Some(i) = self.replies.iter().position(|r| r["id"] == json!(id)) {
-                return self.replies.remove(i);
-            }
-            let v = self.read().await.unwrap_or_else(|c| panic!("closed waiting for reply {id}: {c:?}"));
-            self.file(v);
-        }
+        self.0.reply(id).await.unwrap_or_else(|e| panic!("waiting for reply {id}: {e}"))
     }
 
     pub async fn request(&mut self, op: &str, fields: Value) -> Value {
@@ -193,76 +131,41 @@ impl Ws {
 
     /// The next frame that is not a reply to a request.
     pub async fn reply_without_id(&mut self) -> Value {
-        loop {
-            let v = self.read().await.expect("open");
-            if v.get("push").is_none() && v.get("id").is_none() {
-                return v;
-            }
-            self.file(v);
-        }
-    }
-
-    fn file(&mut self, v: Value) {
-        if v.get("push").is_some() {
-            self.pushes.push_back(v);
-        } else {
-            self.replies.push(v);
-        }
+        self.0.reply_without_id().await.expect("a reply without id")
     }
 
     /// The next push, if one comes within `wait`.
     pub async fn push_within(&mut self, wait: Duration) -> Option<Value> {
-        if let Some(p) = self.pushes.pop_front() {
-            return Some(p);
-        }
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            match tokio::time::timeout_at(deadline, self.read()).await {
-                Ok(Ok(v)) if v.get("push").is_some() => return Some(v),
-                Ok(Ok(v)) => self.replies.push(v),
-                Ok(Err(_)) | Err(_) => return None,
-            }
-        }
+        self.0.push_within(wait).await
     }
 
     pub async fn push(&mut self) -> Value {
         self.push_within(WAIT).await.expect("a push")
     }
 
-    /// No push pending once a ping round trip is answered (pushes sent
-    /// before the ping's answer would have arrived first).
+    /// No push pending once a ping round trip is answered.
     pub async fn no_push_pending(&mut self) -> bool {
-        self.request("ping", json!({})).await;
-        self.pushes.is_empty()
+        self.0.no_push_pending().await.expect("ping answered")
     }
 
     /// Reads until the server closes; the close code and the pushes seen.
     pub async fn closed(&mut self) -> Closed {
-        let mut pushes: Vec<Value> = self.pushes.drain(..).collect();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            match tokio::time::timeout_at(deadline, self.read()).await {
-                Ok(Ok(v)) if v.get("push").is_some() => pushes.push(v),
-                Ok(Ok(_)) => {}
-                Ok(Err(code)) => return Closed { code, pushes },
-                Err(_) => panic!("the server did not close the connection in time"),
-            }
+        match self.0.closed_within(WAIT).await {
+            Ok(closed) => closed,
+            Err(ClientError::Timeout(_)) => panic!("the server did not close the connection in time"),
+            Err(e) => panic!("reading until close: {e}"),
         }
     }
 
-    /// The next JSON text frame, or the close code when the connection ends.
-    async fn read(&mut self) -> Result<Value, Option<u16>> {
-        loop {
-            match self.stream.next().await {
-                Some(Ok(Message::Text(t))) => return Ok(serde_json::from_str(&t).expect("server frames are JSON")),
-                Some(Ok(Message::Close(frame))) => return Err(frame.map(|f| u16::from(f.code))),
-                Some(Ok(_)) => {}
-                Some(Err(_)) | None => return Err(None),
-            }
-        }
+    pub async fn close(self) {
+        self.0.close().await;
     }
+}
 
-    pub async fn close(mut self) {
-        let _ = self.stream.close(None).await;
+fn upgraded(r: Result<imcore_client::Ws, ClientError>) -> Result<Ws, u16> {
+    match r {
+        Ok(ws) => Ok(Ws(ws)),
+        Err(ClientError::Refused(status)) => Err(status),
+        Err(e) => panic!("websocket connect: {e}"),
     }
 }

@@ -12,11 +12,13 @@
 //! Scenarios (`--scenarios`): `hot` (§1 hot group, `actor` then `direct`, plus
 //! §4 latency at half the measured maximum), `fanout` (§2), `connections` (§3).
 //! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`.
+//! A run that did not verify makes the command fail (see `verdict`).
 
-mod client;
 mod conns;
 mod fanout;
 mod hot;
+mod log_check;
+mod provision;
 mod server;
 
 use std::path::PathBuf;
@@ -24,8 +26,8 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use client::BoxError;
 use imcore::store::Store;
+use provision::BoxError;
 use server::{Pg, Server};
 
 #[derive(Debug, clap::Args)]
@@ -109,7 +111,7 @@ pub fn main(args: Args) -> std::process::ExitCode {
         }
     };
     match rt.block_on(run(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(failed) => crate::verdict::exit_code("imcore-load ws", &failed),
         Err(e) => {
             eprintln!("imcore-load ws: {e}");
             std::process::ExitCode::FAILURE
@@ -126,7 +128,8 @@ struct Ctx {
     started: Instant,
 }
 
-async fn run(args: Args) -> Result<(), BoxError> {
+/// The names of the runs that did not verify.
+async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let nofile = server::raise_nofile(1 << 20);
     let bin = server::server_binary(args.server_bin.as_deref())?;
     std::fs::create_dir_all(&args.data_dir)?;
@@ -145,18 +148,19 @@ async fn run(args: Args) -> Result<(), BoxError> {
     result
 }
 
-async fn scenarios(ctx: &Ctx) -> Result<(), BoxError> {
+async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     let want = |s: &str| ctx.args.scenarios.iter().any(|x| x == s);
+    let mut failed = vec![];
     if want("hot") {
-        hot_group(ctx).await?;
+        failed.extend(hot_group(ctx).await?);
     }
     if want("fanout") {
-        fan_out(ctx).await?;
+        failed.extend(fan_out(ctx).await?);
     }
     if want("connections") {
-        connections(ctx).await?;
+        failed.extend(connections(ctx).await?);
     }
-    Ok(())
+    Ok(failed)
 }
 
 /// A fresh database and a server on it.
@@ -179,7 +183,7 @@ async fn stop_server(ctx: &Ctx, mut server: Server, db: Store, db_name: &str) {
     }
 }
 
-async fn hot_group(ctx: &Ctx) -> Result<(), BoxError> {
+async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     let a = &ctx.args;
     let max_c = a.senders.iter().copied().max().unwrap_or(1).max(a.half_senders.unwrap_or(0));
     let mut runs: Vec<Value> = vec![];
@@ -258,7 +262,7 @@ async fn hot_group(ctx: &Ctx) -> Result<(), BoxError> {
     write_evidence(ctx, "ws-hot-group.json", runs, json!({"ratios": ratios, "profile": profile}))
 }
 
-async fn fan_out(ctx: &Ctx) -> Result<(), BoxError> {
+async fn fan_out(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     let a = &ctx.args;
     let max_m = a.fanout_members.iter().copied().max().unwrap_or(0);
     let (server, db, db_name) = start_server(ctx, "fanout", "actor").await?;
@@ -283,7 +287,7 @@ async fn fan_out(ctx: &Ctx) -> Result<(), BoxError> {
     write_evidence(ctx, "fanout.json", runs, json!({}))
 }
 
-async fn connections(ctx: &Ctx) -> Result<(), BoxError> {
+async fn connections(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     let a = &ctx.args;
     let p = conns::Params {
         stages: a.connections.clone(),
@@ -298,7 +302,9 @@ async fn connections(ctx: &Ctx) -> Result<(), BoxError> {
     write_evidence(ctx, "connections.json", runs, json!({}))
 }
 
-fn write_evidence(ctx: &Ctx, file: &str, runs: Vec<Value>, extra: Value) -> Result<(), BoxError> {
+/// Writes the scenario's evidence; returns the runs that did not verify.
+fn write_evidence(ctx: &Ctx, file: &str, runs: Vec<Value>, extra: Value) -> Result<Vec<String>, BoxError> {
+    let failed = crate::verdict::unverified(&runs);
     let mut doc = json!({
         "machine": ctx.machine,
         "date": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
@@ -314,7 +320,7 @@ fn write_evidence(ctx: &Ctx, file: &str, runs: Vec<Value>, extra: Value) -> Resu
     let path = ctx.args.out_dir.join(file);
     std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
     eprintln!("wrote {}", path.display());
-    Ok(())
+    Ok(failed)
 }
 
 async fn machine(pg: &Pg) -> Result<Value, BoxError> {

@@ -8,8 +8,11 @@
 //!   connections on loopback (hot group, fan-out, connection scale, latency at
 //!   half load). See `ws/mod.rs`.
 //!
-//! Every run is bounded in messages and time and stops by itself.
+//! Every run is bounded in messages and time and stops by itself, and checks
+//! what it wrote: a run that did not verify makes the command fail.
 
+mod percentiles;
+mod verdict;
 mod write;
 mod ws;
 

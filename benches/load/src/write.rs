@@ -3,7 +3,7 @@
 //! load), comparing the `actor` and `direct` write paths in one run against a
 //! real PostgreSQL with durability on. Verifies P1/P2 on what each scenario
 //! wrote and writes `evidence/bench/hot-group.json`. Every run is bounded in
-//! messages and time.
+//! messages and time; a run that did not verify makes the command fail.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +21,8 @@ use imcore::writer::{WriteFailure, Writer};
 use imcore_actors::conversation::ActorConfig;
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use serde_json::{json, Value};
+
+use crate::percentiles::Percentiles;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -55,8 +57,8 @@ const GROUP_MEMBERS: usize = 64;
 
 pub fn main(args: Args) -> std::process::ExitCode {
     imcore::telemetry::init("warn");
-    match actix_web::rt::System::new().block_on(run(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    match actix::System::new().block_on(run(args)) {
+        Ok(failed) => crate::verdict::exit_code("imcore-load write", &failed),
         Err(e) => {
             eprintln!("imcore-load: {e:?}");
             std::process::ExitCode::FAILURE
@@ -64,7 +66,8 @@ pub fn main(args: Args) -> std::process::ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+/// The names of the runs that did not verify.
+async fn run(args: Args) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let _pg;
     let url = match &args.database_url {
         Some(url) => url.clone(),
@@ -109,7 +112,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("{}", summary_line(&half));
     let ceiling = ceiling(&store, &args, &run_id).await?;
     eprintln!("ceiling (1,000-row INSERT transactions, one stream, no lock, no checks): {ceiling:.0} rows/s");
+    write_evidence(&store, &args, &runs, &half, ceiling, max_actor_rate).await
+}
 
+/// Actor over direct throughput per hot-group sender count, and for many conversations.
+fn ratios(runs: &[Run], senders: &[usize]) -> Vec<Value> {
     let ratio = |scenario: &str, senders: usize| {
         let rate = |p: &str| {
             runs.iter()
@@ -121,20 +128,34 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             _ => Value::Null,
         }
     };
-    let ratios: Vec<Value> = args
-        .senders
+    senders
         .iter()
         .map(|&c| json!({"scenario": "hot-group", "senders": c, "actor_over_direct": ratio("hot-group", c)}))
         .chain(std::iter::once(json!({"scenario": "many-conversations", "senders": 256,
             "actor_over_direct": ratio("many-conversations", 256)})))
-        .collect();
+        .collect()
+}
+
+/// Writes `args.out`; returns the runs that did not verify.
+async fn write_evidence(
+    store: &Store,
+    args: &Args,
+    runs: &[Run],
+    half: &Run,
+    ceiling: f64,
+    max_actor_rate: f64,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let ratios = ratios(runs, &args.senders);
+    let runs: Vec<Value> = runs.iter().map(Run::json).collect();
+    let half = half.json();
+    let failed = crate::verdict::unverified(&[runs.as_slice(), std::slice::from_ref(&half)].concat());
     let doc = json!({
-        "machine": machine(&store).await?,
+        "machine": machine(store).await?,
         "date": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         "git_rev": git_rev(),
-        "durability": {"fsync": setting(&store, "fsync").await?, "synchronous_commit": setting(&store, "synchronous_commit").await?},
-        "runs": runs.iter().map(Run::json).collect::<Vec<_>>(),
-        "half_load": half.json(),
+        "durability": {"fsync": setting(store, "fsync").await?, "synchronous_commit": setting(store, "synchronous_commit").await?},
+        "runs": runs,
+        "half_load": half,
         "ceiling_rows_per_s": ceiling,
         "ratios": ratios,
         "actor_over_ceiling": max_actor_rate / ceiling,
@@ -145,7 +166,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     std::fs::write(&args.out, serde_json::to_string_pretty(&doc)? + "\n")?;
     eprintln!("wrote {}", args.out.display());
-    Ok(())
+    Ok(failed)
 }
 
 fn uid(s: &str) -> UserId {
@@ -184,36 +205,20 @@ struct Run {
     failed: u64,
     verified: bool,
     target_rate: Option<f64>,
-    /// Mean ms per write transaction, by phase (actor path).
-    phase_ms: Vec<(&'static str, f64)>,
+    /// Mean ms per write transaction, by phase (`None`: no transaction of it).
+    phase_ms: Vec<(&'static str, Option<f64>)>,
 }
 
 /// Mean ms per transaction and phase between two `write_phase_totals` readings.
-fn phase_ms(before: &[(f64, u64)], after: &[(f64, u64)]) -> Vec<(&'static str, f64)> {
+fn phase_ms(before: &[(f64, u64)], after: &[(f64, u64)]) -> Vec<(&'static str, Option<f64>)> {
     WRITE_PHASES
         .iter()
         .zip(before.iter().zip(after))
         .map(|(phase, ((s0, n0), (s1, n1)))| {
             let n = n1.saturating_sub(*n0);
-            (*phase, if n == 0 { 0.0 } else { (s1 - s0) * 1000.0 / n as f64 })
+            (*phase, (n > 0).then(|| (s1 - s0) * 1000.0 / n as f64))
         })
         .collect()
-}
-
-struct Percentiles {
-    p50: f64,
-    p99: f64,
-    p999: f64,
-    max: f64,
-}
-
-impl Percentiles {
-    fn of(mut ms: Vec<f64>) -> Self {
-        ms.sort_by(f64::total_cmp);
-        let at =
-            |q: f64| ms.get(((ms.len() as f64 * q) as usize).min(ms.len().saturating_sub(1))).copied().unwrap_or(0.0);
-        Self { p50: at(0.50), p99: at(0.99), p999: at(0.999), max: ms.last().copied().unwrap_or(0.0) }
-    }
 }
 
 impl Run {
@@ -225,7 +230,7 @@ impl Run {
             "conversations": self.conversations,
             "messages": self.messages,
             "acked_per_s": self.acked_per_s.round(),
-            "ack_ms": {"p50": self.ack_ms.p50, "p99": self.ack_ms.p99, "p999": self.ack_ms.p999, "max": self.ack_ms.max},
+            "ack_ms": self.ack_ms.json(),
             "batch": {"mean": self.batch.0, "max": self.batch.1},
             "failed": self.failed,
             "target_rate": self.target_rate,
@@ -236,11 +241,12 @@ impl Run {
 }
 
 fn summary_line(r: &Run) -> String {
-    let phases: Vec<String> = r.phase_ms.iter().map(|(p, ms)| format!("{p} {ms:.2}")).collect();
+    let phases: Vec<String> =
+        r.phase_ms.iter().map(|(p, ms)| ms.map_or_else(|| format!("{p} n/a"), |ms| format!("{p} {ms:.2}"))).collect();
     format!(
-        "{:<18} {:<6} C={:<4} convs={:<5} msgs={:<6} {:>8.0} acked/s  ack p50 {:.1} ms p99 {:.1} ms max {:.1} ms  batch mean {:.1} max {}  failed {}  verified {}  txn ms: {}",
-        r.scenario, r.write_path, r.senders, r.conversations, r.messages, r.acked_per_s, r.ack_ms.p50, r.ack_ms.p99,
-        r.ack_ms.max, r.batch.0, r.batch.1, r.failed, r.verified, phases.join(", ")
+        "{:<18} {:<6} C={:<4} convs={:<5} msgs={:<6} {:>8.0} acked/s  ack {}  batch mean {:.1} max {}  failed {}  verified {}  txn ms: {}",
+        r.scenario, r.write_path, r.senders, r.conversations, r.messages, r.acked_per_s, r.ack_ms.text(),
+        r.batch.0, r.batch.1, r.failed, r.verified, phases.join(", ")
     )
 }
 
@@ -370,7 +376,7 @@ async fn drive(
         let device = DeviceId::parse(&format!("dev-{s}")).unwrap_or_else(|_| unreachable!("valid"));
         let (convs, users) = (convs.to_vec(), users.to_vec());
         actix::spawn(async move {
-            let mut rng = s as u64 * 0x9e37_79b9_7f4a_7c15 + 1;
+            let mut rng = (s as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
             let mut interval = rate.map(|r| {
                 let mut i = tokio::time::interval(Duration::from_secs_f64(senders as f64 / r.max(1.0)));
                 i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);

@@ -2,7 +2,6 @@
 //! fresh database per server run) and the `imcore` server as a child process,
 //! plus CPU and memory readings from `/proc`.
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,7 +10,9 @@ use std::time::{Duration, Instant};
 use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
 use imcore::store::Store;
 
-use super::client::{BoxError, Http};
+use imcore_client::Http;
+
+use super::provision::BoxError;
 
 pub struct Pg {
     /// Kept alive while benchmarking; stopped when dropped.
@@ -124,10 +125,6 @@ pub fn server_binary(given: Option<&Path>) -> Result<PathBuf, BoxError> {
     .into())
 }
 
-pub fn free_port() -> Result<u16, BoxError> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// A running `imcore` child process.
 pub struct Server {
     child: Child,
@@ -144,7 +141,7 @@ impl Server {
         log: &Path,
         extra_env: &[(String, String)],
     ) -> Result<Self, BoxError> {
-        let port = free_port()?;
+        let port = imcore_client::free_port()?;
         let admin = format!("bench-admin-{:x}", rand::random::<u64>());
         let log = std::fs::File::create(log)?;
         let mut cmd = Command::new(bin);
@@ -176,7 +173,7 @@ impl Server {
             if let Some(status) = server.child.try_wait()? {
                 return Err(format!("imcore exited at start-up: {status}").into());
             }
-            if let Ok((200, _)) = Http::new(port).call("GET", "/readyz", "", None).await {
+            if let Ok((200, _)) = Http::new(port).call("GET", "/readyz", None, None).await {
                 return Ok(server);
             }
             if Instant::now() > deadline {

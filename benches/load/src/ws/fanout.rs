@@ -1,0 +1,310 @@
+//! Issue 5 §2: fan-out. A group of `M` members, every member's device online,
+//! one sender (a further device of member 0) at a steady rate. Per message:
+//! the time until the last member device has it. `push` mode: the event
+//! arrives in a push. `pull` mode: the device gets a coalesced `head` push and
+//! calls `sync`; it has the event when the sync answer brings it. Both the
+//! `head` arrival and the event arrival are reported for pull. A run verifies
+//! when the log is intact and every device got every message once, in order,
+//! on a connection the server kept open.
+
+mod device;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{stream, StreamExt};
+use imcore::store::{CreateConversation, GroupSettings, Store};
+use imcore_actors::{ConvId, UserId};
+use imcore_client::Ws;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+
+use super::log_check::verify;
+use super::provision::{self, now_us, BoxError};
+use super::server::{CpuWindow, Pg, Server};
+use crate::percentiles::Percentiles;
+use device::{Current, Measure};
+
+/// How long devices may take to get the last message after the last send.
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// Online member devices, kept across the runs of one server.
+pub struct Devices {
+    tasks: JoinSet<()>,
+    current: Current,
+    /// Devices whose connection the server ended.
+    closed: Arc<AtomicU64>,
+    online: usize,
+    tokens: Vec<String>,
+    sender_token: String,
+    users: Vec<String>,
+    source_addrs: usize,
+}
+
+/// Users `f0..f{max_m}` with device `d0` each, and member 0's sending device.
+pub async fn setup(server: &Server, max_m: usize, source_addrs: usize) -> Result<Devices, BoxError> {
+    let users: Vec<String> = (0..max_m).map(|i| format!("f{i}")).collect();
+    provision::create_users(server.port, &server.admin, users.clone()).await?;
+    let mut devices: Vec<(String, String)> = users.iter().map(|u| (u.clone(), "d0".to_owned())).collect();
+    devices.push((users.first().ok_or("fan-out needs members")?.clone(), "sender".to_owned()));
+    let mut tokens = provision::issue_tokens(server.port, &server.admin, devices).await?;
+    let sender_token = tokens.pop().ok_or("no sender token")?;
+    Ok(Devices {
+        tasks: JoinSet::new(),
+        current: Arc::default(),
+        closed: Arc::default(),
+        online: 0,
+        tokens,
+        sender_token,
+        users,
+        source_addrs,
+    })
+}
+
+impl Devices {
+    /// Brings the devices of members `0..m` online.
+    async fn online_up_to(&mut self, port: u16, m: usize) -> Result<(), BoxError> {
+        let (addrs, from) = (self.source_addrs, self.online);
+        let conns: Vec<Ws> = stream::iter(self.tokens[from..m].iter().enumerate())
+            .map(|(i, t)| provision::connect_retry(port, provision::source_addr(from + i, addrs), t))
+            .buffered(256)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()?;
+        for (i, ws) in conns.into_iter().enumerate() {
+            self.tasks.spawn(device::device(ws, from + i, self.current.clone(), self.closed.clone()));
+        }
+        self.online = m;
+        Ok(())
+    }
+
+    fn measure(&self, m: Option<Arc<Measure>>) -> Result<(), BoxError> {
+        *self.current.write().map_err(|_| "poisoned")? = m;
+        Ok(())
+    }
+
+    pub fn close(mut self) {
+        self.tasks.abort_all();
+    }
+}
+
+pub struct Params<'a> {
+    pub members: usize,
+    pub mode: &'a str,
+    pub rate: f64,
+    pub messages: usize,
+}
+
+/// One run: the group, its devices online, the sends, the report.
+pub async fn run(server: &Server, pg: &Pg, db: &Store, devs: &mut Devices, p: &Params<'_>) -> Result<Value, BoxError> {
+    let m = p.members.min(devs.users.len());
+    let conv = format!("fan-{}-{m}", p.mode);
+    create_group(server, db, devs, p, m, &conv).await?;
+    let connect_started = Instant::now();
+    devs.online_up_to(server.port, m).await?;
+    let connect_s = connect_started.elapsed().as_secs_f64();
+    let mut sender = provision::connect_retry(server.port, provision::source_addr(0, 1), &devs.sender_token).await?;
+    // Let creation pushes drain before measuring.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let measure = Arc::new(Measure::new(conv.clone(), m as i64, p.messages, m, p.mode == "pull"));
+    devs.measure(Some(measure.clone()))?;
+    let cpu = CpuWindow::start(server, pg);
+    let sent = drive(&mut sender, &measure, p).await;
+    if let Ok(sent) = &sent {
+        settle(&measure, m, sent.n).await;
+    }
+    let cpu = cpu.end(server, pg);
+    devs.measure(None)?;
+    sender.close().await;
+    let sent = sent?;
+    let closed = devs.closed.load(Ordering::Relaxed);
+    report(server, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed }).await
+}
+
+/// `create_conversation` takes at most 1,000 listed members and there is no
+/// `invite` op yet: larger groups are created in the store directly.
+async fn create_group(
+    server: &Server,
+    db: &Store,
+    devs: &Devices,
+    p: &Params<'_>,
+    m: usize,
+    conv: &str,
+) -> Result<(), BoxError> {
+    if m <= 1000 {
+        provision::create_group(
+            server.port,
+            &devs.tokens[0],
+            json!({"kind": "group", "conv_id": conv, "name": conv, "members": devs.users[1..m],
+                   "max_member": m + 1, "delivery_mode": p.mode}),
+        )
+        .await?;
+        return Ok(());
+    }
+    let mut settings = GroupSettings { max_member: (m + 1) as i32, ..GroupSettings::default() };
+    settings.delivery_mode = p.mode.parse().map_err(|()| "delivery mode")?;
+    db.create_conversation(&CreateConversation::Group {
+        creator: UserId::parse(&devs.users[0])?,
+        conv_id: Some(ConvId::parse(conv)?),
+        name: conv.to_owned(),
+        members: devs.users[1..m].iter().map(|u| UserId::parse(u)).collect::<Result<_, _>>()?,
+        settings,
+    })
+    .await?;
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct AckIn {
+    id: Option<u64>,
+    ok: Option<bool>,
+    seq: Option<i64>,
+}
+
+/// What the sender did: `n` messages sent, the acks `(seq, client_msg_id)`,
+/// the rejected or unanswered ones.
+struct Sent {
+    n: usize,
+    acks: Vec<(i64, String)>,
+    errors: u64,
+}
+
+/// Sends `p.messages` at `p.rate`, collecting the acks (10 s grace for the last).
+async fn drive(sender: &mut Ws, measure: &Measure, p: &Params<'_>) -> Result<Sent, BoxError> {
+    let started = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / p.rate.max(0.001));
+    let mut sent = Sent { n: 0, acks: vec![], errors: 0 };
+    let mut pending: HashMap<u64, String> = HashMap::new();
+    let mut next = started;
+    let deadline = started + interval.mul_f64(p.messages as f64) + Duration::from_secs(10);
+    while (sent.n < p.messages || !pending.is_empty()) && Instant::now() < deadline {
+        tokio::select! {
+            biased;
+            frame = sender.next_text() => {
+                let frame = frame.map_err(|e| format!("the sender's connection: {e}"))?;
+                let Ok(r) = serde_json::from_str::<AckIn>(&frame) else { continue };
+                let Some(key) = r.id.and_then(|id| pending.remove(&id)) else { continue };
+                match r.seq {
+                    Some(seq) if r.ok == Some(true) => sent.acks.push((seq, key)),
+                    _ => sent.errors += 1,
+                }
+            },
+            () = tokio::time::sleep_until(next.into()), if sent.n < p.messages => {
+                let n = sent.n;
+                let key = format!("f{n}");
+                let ts = now_us();
+                measure.sent_us[n].store(ts, Ordering::Relaxed);
+                let frame = json!({"id": n + 1, "op": "send", "conv_id": measure.conv, "client_msg_id": key,
+                                   "body": {"type": "text", "text": format!("fan-out message {n}"), "ts": ts, "n": n}});
+                sender.send_text(frame.to_string()).await?;
+                pending.insert(n as u64 + 1, key);
+                sent.n += 1;
+                next += interval;
+            }
+        }
+    }
+    sent.errors += pending.len() as u64;
+    Ok(sent)
+}
+
+/// Waits until every device has every message sent, or `SETTLE`.
+async fn settle(measure: &Measure, devices: usize, n: usize) {
+    let until = Instant::now() + SETTLE;
+    while Instant::now() < until && measure.complete_devices(n) < devices {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+struct Outcome {
+    sent: Sent,
+    connect_s: f64,
+    cpu: Value,
+    /// Device connections the server had closed by the end of the run.
+    closed: u64,
+}
+
+/// Per message, the time until the `devices`-th device had it (messages
+/// that never reached every device are left out and counted separately).
+fn last_device(
+    measure: &Measure,
+    got: &[AtomicU32],
+    last: &[AtomicU64],
+    n: usize,
+    devices: usize,
+) -> (Percentiles, usize) {
+    let ms: Vec<f64> = (0..n)
+        .filter(|&i| got[i].load(Ordering::Relaxed) as usize >= devices)
+        .map(|i| {
+            last[i].load(Ordering::Relaxed).saturating_sub(measure.sent_us[i].load(Ordering::Relaxed)) as f64 / 1000.0
+        })
+        .collect();
+    let complete = ms.len();
+    (Percentiles::of(ms), complete)
+}
+
+async fn report(
+    server: &Server,
+    db: &Store,
+    p: &Params<'_>,
+    m: usize,
+    measure: &Measure,
+    o: Outcome,
+) -> Result<Value, BoxError> {
+    let n = o.sent.n;
+    let (latency, complete) = last_device(measure, &measure.got, &measure.last_us, n, m);
+    let devices_complete = measure.complete_devices(n);
+    let anomalies = measure.anomalies.load(Ordering::Relaxed);
+    let first_sent = measure.sent_us.first().map_or(0, |a| a.load(Ordering::Relaxed));
+    let last_arrival = measure.last_us.iter().map(|a| a.load(Ordering::Relaxed)).max().unwrap_or(first_sent);
+    let deliveries = measure.deliveries.load(Ordering::Relaxed);
+    let span_s = (last_arrival.saturating_sub(first_sent) as f64 / 1e6).max(1e-9);
+    let (log_ok, detail) = verify(db, &measure.conv, &o.sent.acks).await?;
+    let verified =
+        log_ok && n == p.messages && o.sent.errors == 0 && devices_complete == m && anomalies == 0 && o.closed == 0;
+    let mut run = json!({
+        "scenario": "fanout",
+        "write_path": "actor",
+        "delivery_mode": p.mode,
+        "members": m,
+        "online_devices": m,
+        "rate_per_s": p.rate,
+        "messages": n,
+        "acked": o.sent.acks.len(),
+        "send_errors": o.sent.errors,
+        "complete_messages": complete,
+        // Devices that got every message once and in order; arrivals that
+        // were not a device's next message; devices the server disconnected.
+        "devices_complete": devices_complete,
+        "device_anomalies": anomalies,
+        "devices_closed_by_server": o.closed,
+        "last_device_ms": latency.json(),
+        "deliveries": deliveries,
+        "deliveries_per_s": (deliveries as f64 / span_s).round(),
+        "connect_s": (o.connect_s * 100.0).round() / 100.0,
+        "cpu": o.cpu,
+        "server_rss_mb": (server.rss_kib() as f64 / 1024.0).round(),
+        "verified": verified,
+        "verification": detail,
+    });
+    if measure.pull {
+        let (head, head_complete) = last_device(measure, &measure.head_got, &measure.head_last_us, n, m);
+        run["head_push_ms"] = head.json();
+        run["head_complete_messages"] = json!(head_complete);
+        run["syncs"] = json!(measure.syncs.load(Ordering::Relaxed));
+    }
+    eprintln!(
+        "fanout {:<4} M={m:<6} {:.0} msg/s x {n}: last device {}  complete {complete}/{n}  devices {devices_complete}/{m}  \
+         anomalies {anomalies}  closed {}  {:.0} deliveries/s  cpu {}  verified {verified}",
+        p.mode,
+        p.rate,
+        latency.text(),
+        o.closed,
+        run["deliveries_per_s"].as_f64().unwrap_or(0.0),
+        run["cpu"],
+    );
+    Ok(run)
+}

@@ -1,0 +1,292 @@
+//! Issue 5 §1 and §4: one hot group driven over WebSocket. `C` sender
+//! connections (each its own device) keep up to `W` sends in flight (closed
+//! loop) — or send at a fixed total rate (open loop, §4) — while `R` receiver
+//! devices are online. Every online member device gets the pushes, senders
+//! included (a device is only spared its own events). Afterwards the log is
+//! verified in PostgreSQL, and every receiver's stream: each receiver must
+//! have seen every message (push mode) or the final head (pull mode), with no
+//! gap, nothing out of order, and its connection still open. Sends answered
+//! with anything but an ack or `OVERLOADED` fail the run too.
+
+mod receiver;
+mod sender;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{stream, StreamExt};
+use imcore::store::Store;
+use imcore_client::Ws;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use super::log_check::{batch_sizes, verify};
+use super::provision::{self, BoxError};
+use super::server::{CpuWindow, Pg, Server};
+use crate::percentiles::Percentiles;
+use receiver::{ReceiverOut, Target};
+use sender::{SenderCfg, SenderOut};
+
+/// Users the sender devices belong to (round robin): the group stays under
+/// the 1,000-member creation limit at any `C`.
+const SENDER_USERS: usize = 64;
+
+/// How long receivers may take to catch up with the last ack.
+const CATCH_UP: Duration = Duration::from_secs(20);
+
+pub struct Setup {
+    sender_tokens: Vec<String>,
+    receiver_tokens: Vec<String>,
+    members: Vec<String>,
+}
+
+/// Users and device tokens for up to `max_senders` senders and `receivers` receivers.
+pub async fn setup(server: &Server, max_senders: usize, receivers: usize) -> Result<Setup, BoxError> {
+    let su = SENDER_USERS.min(max_senders.max(1));
+    let senders: Vec<String> = (0..su).map(|i| format!("hs{i}")).collect();
+    let recv: Vec<String> = (0..receivers.max(1)).map(|i| format!("hr{i}")).collect();
+    provision::create_users(server.port, &server.admin, senders.iter().chain(&recv).cloned().collect()).await?;
+    let sender_tokens = provision::issue_tokens(
+        server.port,
+        &server.admin,
+        (0..max_senders).map(|i| (senders[i % su].clone(), format!("d{i}"))).collect(),
+    )
+    .await?;
+    let receiver_tokens = provision::issue_tokens(
+        server.port,
+        &server.admin,
+        recv.iter().map(|u| (u.clone(), "d0".to_owned())).collect(),
+    )
+    .await?;
+    // hr0 creates the groups; everyone else is listed.
+    let members = senders.iter().chain(recv.iter().skip(1)).cloned().collect();
+    Ok(Setup { sender_tokens, receiver_tokens, members })
+}
+
+pub struct Params<'a> {
+    pub scenario: &'static str,
+    pub write_path: &'a str,
+    pub senders: usize,
+    pub window: usize,
+    pub receivers: usize,
+    pub seconds: f64,
+    pub messages: u64,
+    /// Open loop at this total rate (msgs/s); closed loop when `None`.
+    pub rate: Option<f64>,
+    pub source_addrs: usize,
+    pub delivery_mode: &'a str,
+}
+
+impl Params<'_> {
+    fn pull(&self) -> bool {
+        self.delivery_mode == "pull"
+    }
+}
+
+/// One run: a fresh group, its connections, the load, the report.
+pub async fn run(server: &Server, pg: &Pg, db: &Store, setup: &Setup, p: &Params<'_>) -> Result<Value, BoxError> {
+    let conv = format!("{}-{}-{}-c{}", p.scenario, p.write_path, p.delivery_mode, p.senders);
+    let conns = connect(server, setup, p, &conv).await?;
+    let driven = drive(server, pg, conns, p, &conv).await?;
+    report(db, p, &conv, driven).await
+}
+
+struct Connections {
+    receivers: Vec<Ws>,
+    senders: Vec<Ws>,
+}
+
+/// Creates the group, then connects the receivers (each routed: a ping
+/// answered) before the senders.
+async fn connect(server: &Server, setup: &Setup, p: &Params<'_>, conv: &str) -> Result<Connections, BoxError> {
+    let receivers = p.receivers.min(setup.receiver_tokens.len());
+    provision::create_group(
+        server.port,
+        &setup.receiver_tokens[0],
+        json!({"kind": "group", "conv_id": conv, "name": conv, "members": setup.members,
+               "max_member": 1000, "delivery_mode": p.delivery_mode}),
+    )
+    .await?;
+    let (port, addrs) = (server.port, p.source_addrs);
+    let receivers: Vec<Ws> = stream::iter(setup.receiver_tokens[..receivers].iter().enumerate())
+        .map(|(i, t)| async move {
+            let mut ws = provision::connect_retry(port, provision::source_addr(i, addrs), t).await?;
+            ws.request("ping", json!({})).await?;
+            Ok::<_, BoxError>(ws)
+        })
+        .buffered(256)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let first = receivers.len();
+    let senders: Vec<Ws> = stream::iter(setup.sender_tokens[..p.senders].iter().enumerate())
+        .map(|(i, t)| provision::connect_retry(port, provision::source_addr(first + i, addrs), t))
+        .buffered(256)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    Ok(Connections { receivers, senders })
+}
+
+struct Driven {
+    start: Instant,
+    senders: Vec<SenderOut>,
+    receivers: Vec<ReceiverOut>,
+    cpu: Value,
+    rss_kib: u64,
+}
+
+/// Runs the senders to the end of their budget or time, then lets the
+/// receivers catch up with the last acked seq (at most `CATCH_UP`).
+async fn drive(server: &Server, pg: &Pg, conns: Connections, p: &Params<'_>, conv: &str) -> Result<Driven, BoxError> {
+    let (target_tx, target_rx) = watch::channel(None);
+    let pull = p.pull();
+    let recv_tasks: Vec<_> = conns
+        .receivers
+        .into_iter()
+        .map(|ws| tokio::spawn(receiver::run(ws, target_rx.clone(), conv.to_owned(), pull)))
+        .collect();
+    let cpu = CpuWindow::start(server, pg);
+    let start = Instant::now() + Duration::from_millis(50);
+    let deadline = start + Duration::from_secs_f64(p.seconds);
+    let cfg = Arc::new(SenderCfg {
+        conv: conv.to_owned(),
+        window: if p.rate.is_some() { 64 } else { p.window },
+        start,
+        deadline,
+        hard: deadline + Duration::from_secs(15),
+        issued: AtomicU64::new(0),
+        budget: p.messages,
+        interval: p.rate.map(|r| Duration::from_secs_f64(p.senders as f64 / r.max(1.0))),
+        senders: p.senders,
+    });
+    let send_tasks: Vec<_> =
+        conns.senders.into_iter().enumerate().map(|(i, ws)| tokio::spawn(sender::run(i, ws, cfg.clone()))).collect();
+    let mut senders = Vec::with_capacity(send_tasks.len());
+    for t in send_tasks {
+        senders.push(t.await?);
+    }
+    let head = senders.iter().flat_map(|o| o.acks.iter().map(|a| a.0)).max().unwrap_or(0);
+    let _ = target_tx.send(Some(Target { head, give_up: Instant::now() + CATCH_UP }));
+    let mut receivers = Vec::with_capacity(recv_tasks.len());
+    for t in recv_tasks {
+        receivers.push(t.await?);
+    }
+    Ok(Driven { start, senders, receivers, cpu: cpu.end(server, pg), rss_kib: server.rss_kib() })
+}
+
+/// Per-receiver delivery check: counts of receivers failing each part.
+struct Delivery {
+    complete: usize,
+    gaps: u64,
+    out_of_order: u64,
+    closed_receivers: usize,
+    closed_senders: usize,
+}
+
+impl Delivery {
+    fn of(d: &Driven, messages: usize, head: i64, pull: bool) -> Self {
+        let complete = d
+            .receivers
+            .iter()
+            .filter(|r| {
+                let got_all = if pull { r.head >= head } else { r.events == messages as u64 };
+                got_all && r.gaps == 0 && r.out_of_order == 0 && !r.closed
+            })
+            .count();
+        Self {
+            complete,
+            gaps: d.receivers.iter().map(|o| o.gaps).sum(),
+            out_of_order: d.receivers.iter().map(|o| o.out_of_order).sum(),
+            closed_receivers: d.receivers.iter().filter(|o| o.closed).count(),
+            closed_senders: d.senders.iter().filter(|o| o.closed).count(),
+        }
+    }
+
+    fn ok(&self, receivers: usize) -> bool {
+        self.complete == receivers && self.closed_senders == 0
+    }
+}
+
+/// Checks the log and every receiver, and describes the run.
+async fn report(db: &Store, p: &Params<'_>, conv: &str, mut d: Driven) -> Result<Value, BoxError> {
+    let last_ack = d.senders.iter().filter_map(|o| o.last_ack).max().unwrap_or(d.start);
+    let elapsed = last_ack.saturating_duration_since(d.start).as_secs_f64().max(1e-9);
+    let acks: Vec<(i64, String)> = d.senders.iter_mut().flat_map(|o| std::mem::take(&mut o.acks)).collect();
+    let ack_ms = Percentiles::of(d.senders.iter_mut().flat_map(|o| std::mem::take(&mut o.ack_ms)).collect());
+    let e2e_ms = Percentiles::of(d.receivers.iter_mut().flat_map(|o| std::mem::take(&mut o.e2e_ms)).collect());
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for (k, v) in d.senders.iter().flat_map(|o| &o.errors) {
+        *errors.entry(k.clone()).or_default() += v;
+    }
+    let sender_events: u64 = d.senders.iter().map(|o| o.pushed_events).sum();
+    let receiver_events: u64 = d.receivers.iter().map(|o| o.events).sum();
+    let last_push = d.receivers.iter().filter_map(|o| o.last).max().unwrap_or(last_ack).max(last_ack);
+    let push_window = last_push.saturating_duration_since(d.start).as_secs_f64().max(1e-9);
+    let head = acks.iter().map(|a| a.0).max().unwrap_or(0);
+    let delivery = Delivery::of(&d, acks.len(), head, p.pull());
+    let (log_ok, detail) = verify(db, conv, &acks).await?;
+    // OVERLOADED is the server shedding load as designed (nothing stored, the
+    // client may retry); any other error or missing answer is a failure.
+    let failures: u64 = errors.iter().filter(|(code, _)| code.as_str() != "OVERLOADED").map(|(_, n)| n).sum();
+    let verified = log_ok && failures == 0 && delivery.ok(d.receivers.len());
+    let batch = batch_sizes(db, conv).await?;
+    let r = |x: f64| x.round();
+    let run = json!({
+        "scenario": p.scenario,
+        "write_path": p.write_path,
+        "delivery_mode": p.delivery_mode,
+        "senders": p.senders,
+        "window": if p.rate.is_some() { Value::Null } else { json!(p.window) },
+        "target_rate_per_s": p.rate.map(r),
+        "receivers": d.receivers.len(),
+        "seconds": p.seconds,
+        "message_budget": p.messages,
+        "messages": acks.len(),
+        "acked_per_s": r(acks.len() as f64 / elapsed),
+        "ack_ms": ack_ms.json(),
+        "e2e_ms": e2e_ms.json(),
+        "push_deliveries_per_s": r((sender_events + receiver_events) as f64 / push_window),
+        "receiver_deliveries": receiver_events,
+        "sender_deliveries": sender_events,
+        // Receivers that saw everything (every message in push mode, the last
+        // head in pull mode) in increasing seq order (PROTOCOL §4) on a
+        // connection the server kept open.
+        "receivers_complete": delivery.complete,
+        "receiver_gaps": delivery.gaps,
+        "receiver_out_of_order": delivery.out_of_order,
+        "errors": errors,
+        "connections_closed_by_server": delivery.closed_receivers + delivery.closed_senders,
+        "open_loop_skipped": d.senders.iter().map(|o| o.skipped).sum::<u64>(),
+        "batch": {"mean": (batch.0 * 10.0).round() / 10.0, "max": batch.1},
+        "cpu": d.cpu,
+        "server_rss_mb": (d.rss_kib as f64 / 1024.0).round(),
+        "verified": verified,
+        "verification": detail,
+    });
+    eprintln!(
+        "{:<10} {:<6} {} C={:<5} {:>7.0} acked/s  ack {}  e2e {}  {:>8.0} deliveries/s  receivers complete {}/{}  \
+         gaps {} out-of-order {} closed {}  errors {}  cpu {}  verified {}",
+        p.scenario,
+        p.write_path,
+        p.delivery_mode,
+        p.senders,
+        run["acked_per_s"].as_f64().unwrap_or(0.0),
+        ack_ms.text(),
+        e2e_ms.text(),
+        run["push_deliveries_per_s"].as_f64().unwrap_or(0.0),
+        delivery.complete,
+        d.receivers.len(),
+        delivery.gaps,
+        delivery.out_of_order,
+        run["connections_closed_by_server"],
+        run["errors"],
+        run["cpu"],
+        verified
+    );
+    Ok(run)
+}
