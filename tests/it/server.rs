@@ -229,13 +229,6 @@ impl Ws {
         self.push_within(WAIT).await.expect("a push")
     }
 
-    /// No push pending once a ping round trip is answered (pushes sent
-    /// before the ping's answer would have arrived first).
-    pub async fn no_push_pending(&mut self) -> bool {
-        self.request("ping", json!({})).await;
-        self.pushes.is_empty()
-    }
-
     /// Reads until the server closes; the close code and the pushes seen.
     pub async fn closed(&mut self) -> Closed {
         let mut pushes: Vec<Value> = self.pushes.drain(..).collect();
