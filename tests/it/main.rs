@@ -3,6 +3,7 @@
 
 mod actor_path;
 mod commit_stall;
+mod db_outage;
 #[macro_use]
 mod env;
 mod evidence;
