@@ -17,3 +17,4 @@ mod seed_000;
 mod server;
 mod startup;
 mod store_rules;
+mod sync_points;
