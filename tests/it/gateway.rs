@@ -2,15 +2,20 @@
 //! port 0, real WebSocket and HTTP clients, a real PostgreSQL. Each check
 //! writes its record to evidence/im-05.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 
-use crate::evidence::record;
+use crate::commit_stall;
+use crate::evidence::Check;
 use crate::server::{http_raw, TestServer, Ws};
+use crate::sync_points::{no_push_before_marker, sample, wait_for_connections};
 
 const SUITE: &str = "im-05";
+/// A bound for what should take milliseconds, wide enough for a loaded 2-core machine.
+const WAIT: Duration = Duration::from_secs(10);
 
 fn hi(key: &str, conv: &str, text: &str) -> Value {
     json!({"conv_id": conv, "client_msg_id": key, "body": {"type": "text", "text": text}})
@@ -22,6 +27,13 @@ fn code(reply: &Value) -> &str {
 
 #[actix_web::test]
 async fn auth_is_checked_before_the_upgrade_and_a_rotated_token_is_kicked() {
+    let check = Check::start(
+        SUITE,
+        "05-auth",
+        "ws+http",
+        "no/bad token: 401 before upgrade and UNAUTHORIZED over HTTP; ?token= works; rotation kicks the live \
+         connection with kicked:token_revoked and the old token stops working",
+    );
     let s = TestServer::start().await;
     let ana = s.user("u-ana").await;
     let no_token = Ws::connect(s.port, None).await.err();
@@ -44,12 +56,7 @@ async fn auth_is_checked_before_the_upgrade_and_a_rotated_token_is_kicked() {
         && closed.pushes == [json!({"push": "kicked", "reason": "token_revoked"})]
         && old_again == Some(401)
         && new_ok;
-    record(
-        SUITE,
-        "05-auth",
-        "ws+http",
-        "no/bad token: 401 before upgrade and UNAUTHORIZED over HTTP; ?token= works; rotation kicks the live \
-         connection with kicked:token_revoked and the old token stops working",
+    let pass = check.resolve(
         json!({"no_token": no_token, "bad_token": bad_token, "http": [http_status, http_body], "query_token": by_query,
                "kicked": closed.pushes, "close_code": closed.code, "old_token_again": old_again, "new_token": new_ok}),
         pass,
@@ -59,6 +66,12 @@ async fn auth_is_checked_before_the_upgrade_and_a_rotated_token_is_kicked() {
 
 #[actix_web::test]
 async fn a_send_is_acked_and_pushed_to_the_other_member_not_back_to_its_connection() {
+    let check = Check::start(
+        SUITE,
+        "05-send-push",
+        "ws",
+        "ack {seq:3, dup:false, message_id}; u-ben's device gets push event seq 3; the sending connection gets no push",
+    );
     let s = TestServer::start().await;
     let (ana, ben) = (s.user("u-ana").await, s.user("u-ben").await);
     let conv = s.direct(&ana, "u-ben").await;
@@ -66,7 +79,7 @@ async fn a_send_is_acked_and_pushed_to_the_other_member_not_back_to_its_connecti
     let mut b = s.ws(&ben).await;
     let ack = a.request("send", hi("m1", &conv, "hello")).await;
     let pushed = b.push().await;
-    let echo_free = a.no_push_pending().await;
+    let echo_free = no_push_before_marker(&mut a, &mut b, &conv).await;
     let pass = ack["ok"] == true
         && ack["seq"] == 3
         && ack["dup"] == false
@@ -78,19 +91,25 @@ async fn a_send_is_acked_and_pushed_to_the_other_member_not_back_to_its_connecti
         && pushed["event"]["body"] == json!({"type": "text", "text": "hello"})
         && pushed["event"]["sender"] == json!({"user_id": "u-ana", "device_id": "d1"})
         && echo_free;
-    record(
-        SUITE,
-        "05-send-push",
-        "ws",
-        "ack {seq:3, dup:false, message_id}; u-ben's device gets push event seq 3; the sending connection gets no push",
-        json!({"ack": ack, "push": pushed, "sender_got_no_push": echo_free}),
-        pass,
-    );
+    let pass = check.resolve(json!({"ack": ack, "push": pushed, "sender_got_no_push": echo_free}), pass);
     assert!(pass);
 }
 
 #[actix_web::test]
 async fn seed_000_holds_at_the_protocol_level() {
+    let check_1 = Check::start(
+        SUITE,
+        "05-seed-000-replay-mismatch-not-member",
+        "ws+http",
+        "replay: dup:true, same seq and message_id (HTTP 200); other body: IDEMPOTENCY_MISMATCH; non-member and \
+         unknown conversation: the same NOT_MEMBER error for send and sync",
+    );
+    let check_2 = Check::start(
+        SUITE,
+        "05-concurrent-identical-sends",
+        "ws x32",
+        "32 concurrent identical sends on 32 connections: all ok, one row, one seq, exactly one dup:false",
+    );
     let s = TestServer::start().await;
     let (ana, _ben, cai) = (s.user("u-ana").await, s.user("u-ben").await, s.user("u-cai").await);
     let conv = s.direct(&ana, "u-ben").await;
@@ -118,12 +137,7 @@ async fn seed_000_holds_at_the_protocol_level() {
         && non_member["error"] == unknown["error"]
         && code(&unknown_sync) == "NOT_MEMBER"
         && unknown_sync["error"] == non_member_sync["error"];
-    record(
-        SUITE,
-        "05-seed-000-replay-mismatch-not-member",
-        "ws+http",
-        "replay: dup:true, same seq and message_id (HTTP 200); other body: IDEMPOTENCY_MISMATCH; non-member and \
-         unknown conversation: the same NOT_MEMBER error for send and sync",
+    let pass = check_1.resolve(
         json!({"first": first, "replay": replay, "http_replay": [http_replay_status, http_replay], "mismatch": mismatch,
                "non_member": non_member, "unknown": unknown, "unknown_sync": unknown_sync}),
         pass,
@@ -157,19 +171,24 @@ async fn seed_000_holds_at_the_protocol_level() {
         .expect("count")
         .get(0);
     let pass = all_ok && fresh == 1 && seqs.len() == 1 && rows == 1;
-    record(
-        SUITE,
-        "05-concurrent-identical-sends",
-        "ws x32",
-        "32 concurrent identical sends on 32 connections: all ok, one row, one seq, exactly one dup:false",
-        json!({"ok": all_ok, "dup_false": fresh, "distinct_seqs": seqs, "rows": rows}),
-        pass,
-    );
+    let pass = check_2.resolve(json!({"ok": all_ok, "dup_false": fresh, "distinct_seqs": seqs, "rows": rows}), pass);
     assert!(pass);
 }
 
 #[actix_web::test]
 async fn a_replaced_connection_is_kicked_and_its_late_close_keeps_the_new_route() {
+    let check_1 = Check::start(
+        SUITE,
+        "05-replaced",
+        "ws",
+        "the older connection of a device gets kicked:replaced (its last push) and closes; the newer one still receives pushes",
+    );
+    let check_2 = Check::start(
+        SUITE,
+        "05-reconnect-storm",
+        "ws x8",
+        "8 concurrent connections of one device: 7 get kicked:replaced, exactly one receives the next event",
+    );
     let s = TestServer::start().await;
     let (ana, ben) = (s.user("u-ana").await, s.user("u-ben").await);
     let conv = s.direct(&ana, "u-ben").await;
@@ -177,23 +196,21 @@ async fn a_replaced_connection_is_kicked_and_its_late_close_keeps_the_new_route(
     let mut new = s.ws(&ben).await;
     let kicked = old.closed().await;
     old.close().await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The old session's cleanup ran once only the new one is left.
+    let old_gone = wait_for_connections(&s, 1, 1).await;
     let mut a = s.ws(&ana).await;
     a.request("send", hi("m1", &conv, "still there?")).await;
     let pushed = new.push().await;
     // Delivery is asynchronous: the conversation's creation events may still
     // reach the old connection before its kick, which must come last.
     let (last, before) = kicked.pushes.split_last().map_or((None, &[][..]), |(l, b)| (Some(l), b));
-    let pass = last == Some(&json!({"push": "kicked", "reason": "replaced"}))
+    let pass = old_gone
+        && last == Some(&json!({"push": "kicked", "reason": "replaced"}))
         && before.iter().all(|p| p["push"] == "event")
         && pushed["push"] == "event"
         && pushed["event"]["seq"] == 3;
-    record(
-        SUITE,
-        "05-replaced",
-        "ws",
-        "the older connection of a device gets kicked:replaced (its last push) and closes; the newer one still receives pushes",
-        json!({"old": kicked.pushes, "old_close_code": kicked.code, "new_got": pushed}),
+    let pass = check_1.resolve(
+        json!({"old": kicked.pushes, "old_close_code": kicked.code, "old_session_ended": old_gone, "new_got": pushed}),
         pass,
     );
     assert!(pass);
@@ -205,69 +222,91 @@ async fn a_replaced_connection_is_kicked_and_its_late_close_keeps_the_new_route(
         .map(|w| w.expect("upgrade"))
         .collect();
     new.closed().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each kick follows a newer connection's registration: once 7 are seen,
+    // all 8 registered and the newest is routed.
+    let mut firsts: Vec<Option<Value>> = vec![None; storm.len()];
+    {
+        let mut pending: FuturesUnordered<_> =
+            storm.iter_mut().enumerate().map(|(i, ws)| async move { (i, ws.push_within(WAIT).await) }).collect();
+        let mut kicks = 0;
+        while kicks < firsts.len() - 1 {
+            let Some((i, first)) = pending.next().await else { break };
+            kicks += usize::from(first.as_ref().is_some_and(|p| p["push"] == "kicked"));
+            firsts[i] = first;
+        }
+    }
     a.request("send", hi("m2", &conv, "storm")).await;
-    let outcomes = join_all(storm.iter_mut().map(|ws| async move {
-        match ws.push_within(Duration::from_secs(3)).await {
+    let mut outcomes = vec![];
+    for (ws, first) in storm.iter_mut().zip(firsts) {
+        let got = match first {
+            Some(p) => Some(p),
+            None => ws.push_within(WAIT).await,
+        };
+        outcomes.push(match got {
             Some(p) if p["push"] == "event" => "event".to_owned(),
             Some(p) => p["reason"].as_str().unwrap_or("?").to_owned(),
             None => "nothing".to_owned(),
-        }
-    }))
-    .await;
+        });
+    }
     let events = outcomes.iter().filter(|o| *o == "event").count();
     let replaced = outcomes.iter().filter(|o| *o == "replaced").count();
     let pass = events == 1 && replaced == 7;
-    record(
-        SUITE,
-        "05-reconnect-storm",
-        "ws x8",
-        "8 concurrent connections of one device: 7 get kicked:replaced, exactly one receives the next event",
-        json!({"outcomes": outcomes}),
-        pass,
-    );
+    let pass = check_2.resolve(json!({"outcomes": outcomes}), pass);
     assert!(pass);
 }
 
 #[actix_web::test]
 async fn a_silent_connection_is_closed_and_a_live_one_is_not() {
+    const PING_MS: u64 = 300;
+    const TIMEOUT_MS: u64 = 2000;
+    let check = Check::start(
+        SUITE,
+        "05-heartbeat-timeout",
+        "ping 300ms / timeout 2000ms",
+        "a connection silent past the timeout is closed by the server (1001, counted as heartbeat_timeout); one \
+         that answers pings stays open for twice the timeout",
+    );
     let s = TestServer::with(|c| {
-        c.ws_ping_ms = 100;
-        c.ws_timeout_ms = 400;
+        c.ws_ping_ms = PING_MS;
+        c.ws_timeout_ms = TIMEOUT_MS;
     })
     .await;
     let ana = s.user("u-ana").await;
     let mut silent = s.ws(&ana).await;
     let other = s.device("u-ana", "d2").await;
     let mut live = s.ws(&other).await;
-    // `live` keeps reading (tungstenite answers pings as it reads); `silent` reads nothing.
-    let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_millis(900) {
+    // `live` keeps reading (tungstenite answers pings as it reads) and pings
+    // on its own; `silent` reads nothing (reading would answer the server's
+    // pings), so its end is observed on the server: one session left.
+    let started = Instant::now();
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    let silent_gone = {
+        let gone = wait_for_connections(&s, 1, 1);
+        tokio::pin!(gone);
+        loop {
+            tokio::select! {
+                gone = &mut gone => break gone,
+                _ = pace.tick() => { live.request("ping", json!({})).await; }
+            }
+        }
+    };
+    let silent_closed_ms = started.elapsed().as_millis() as u64;
+    while started.elapsed() < Duration::from_millis(2 * TIMEOUT_MS) {
+        pace.tick().await;
         live.request("ping", json!({})).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let closed = silent.closed().await;
     let still = live.request("ping", json!({})).await;
+    let closed = silent.closed().await;
     let (_, metrics) = s.http("GET", "/metrics", None, None).await;
-    let timeouts: f64 = metrics
-        .as_str()
-        .unwrap_or("")
-        .lines()
-        .find(|l| l.starts_with("imcore_ws_closed_total{reason=\"heartbeat_timeout\"}"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
+    let timeouts = sample(&metrics, "imcore_ws_closed_total{reason=\"heartbeat_timeout\"}");
     // The close frame itself can be lost: the client answers the queued pings
     // as it reads, its pong hits the closed socket, and the RST discards the
     // unread close frame. The server-side count says who closed it.
-    let pass = matches!(closed.code, Some(1001) | None) && timeouts >= 1.0 && still["ok"] == true;
-    record(
-        SUITE,
-        "05-heartbeat-timeout",
-        "ping 100ms / timeout 400ms",
-        "a connection silent past the timeout is closed by the server (1001, counted as heartbeat_timeout); one \
-         that answers pings stays open",
-        json!({"silent_close_code": closed.code, "heartbeat_timeouts_metric": timeouts, "live_ping": still}),
+    let pass = silent_gone && matches!(closed.code, Some(1001) | None) && timeouts >= 1.0 && still["ok"] == true;
+    let pass = check.resolve(
+        json!({"silent_close_code": closed.code, "silent_closed_after_ms": silent_closed_ms,
+               "heartbeat_timeouts_metric": timeouts, "live_open_ms": started.elapsed().as_millis() as u64,
+               "live_ping": still}),
         pass,
     );
     assert!(pass);
@@ -275,6 +314,13 @@ async fn a_silent_connection_is_closed_and_a_live_one_is_not() {
 
 #[actix_web::test]
 async fn malformed_input_gets_bad_request_and_the_connection_stays_open() {
+    let check = Check::start(
+        SUITE,
+        "05-malformed-input",
+        "ws+http",
+        "malformed JSON (no id), unknown op, invalid id, missing field: BAD_REQUEST, connection open; body over \
+         16 KiB: PAYLOAD_TOO_LARGE (HTTP 413); nothing written; a 70 KiB frame closes with 1009",
+    );
     let s = TestServer::start().await;
     let ana = s.user("u-ana").await;
     s.user("u-ben").await;
@@ -313,12 +359,7 @@ async fn malformed_input_gets_bad_request_and_the_connection_stays_open() {
         && bad_json_status == 400
         && unchanged["head"] == 2
         && oversized.code == Some(1009);
-    record(
-        SUITE,
-        "05-malformed-input",
-        "ws+http",
-        "malformed JSON (no id), unknown op, invalid id, missing field: BAD_REQUEST, connection open; body over \
-         16 KiB: PAYLOAD_TOO_LARGE (HTTP 413); nothing written; a 70 KiB frame closes with 1009",
+    let pass = check.resolve(
         json!({"malformed": malformed, "unknown_op": unknown_op, "bad_id": bad_id, "missing": missing, "big": big,
                "http_big": [http_status, http_big], "http_bad_json": [bad_json_status, bad_json],
                "head_after": unchanged["head"], "oversized_close": oversized.code}),
@@ -329,6 +370,12 @@ async fn malformed_input_gets_bad_request_and_the_connection_stays_open() {
 
 #[actix_web::test]
 async fn after_a_disconnect_sync_from_the_last_seq_recovers_the_gap() {
+    let check = Check::start(
+        SUITE,
+        "05-gap-recovery",
+        "ws",
+        "pushes 3..5, disconnect, 5 sends, reconnect, sync after 5 gives 6..10, then push 11: nothing missing, nothing twice",
+    );
     let s = TestServer::start().await;
     let (ana, ben) = (s.user("u-ana").await, s.user("u-ben").await);
     let conv = s.direct(&ana, "u-ben").await;
@@ -355,11 +402,7 @@ async fn after_a_disconnect_sync_from_the_last_seq_recovers_the_gap() {
     seen.push(next["event"]["seq"].as_i64().unwrap_or(0));
     let want: Vec<i64> = (3..=11).collect();
     let pass = seen == want && page["has_more"] == false && page["head"] == 10;
-    record(
-        SUITE,
-        "05-gap-recovery",
-        "ws",
-        "pushes 3..5, disconnect, 5 sends, reconnect, sync after 5 gives 6..10, then push 11: nothing missing, nothing twice",
+    let pass = check.resolve(
         json!({"seen": seen, "sync": {"head": page["head"], "next_after": page["next_after"], "has_more": page["has_more"]}}),
         pass,
     );
@@ -368,6 +411,20 @@ async fn after_a_disconnect_sync_from_the_last_seq_recovers_the_gap() {
 
 #[actix_web::test]
 async fn pull_mode_pushes_head_and_read_cursors_reach_the_other_device() {
+    let check_1 = Check::start(
+        SUITE,
+        "05-pull-head",
+        "ws",
+        "in a pull-mode group a send pushes {push:head, conv_id, head} to the members' devices, not the event",
+    );
+    let check_2 = Check::start(
+        SUITE,
+        "05-read-cursor-inbox",
+        "ws+http",
+        "inbox shows unread 3 / read_seq 0; read 4 → {read_seq:4} and push read to the user's other device only \
+         (the reading device's next push is a later marker message's head); read 1 never moves it back; unread \
+         then 2 (msg 5 and the marker); HTTP inbox equals the WebSocket one",
+    );
     let s = TestServer::start().await;
     let (ana, ben) = (s.user("u-ana").await, s.user("u-ben").await);
     let ben2 = s.device("u-ben", "d2").await;
@@ -390,14 +447,7 @@ async fn pull_mode_pushes_head_and_read_cursors_reach_the_other_device() {
         && group["delivery_mode"] == "pull"
         && head == json!({"push": "head", "conv_id": conv, "head": ack["seq"]})
         && head2 == head;
-    record(
-        SUITE,
-        "05-pull-head",
-        "ws",
-        "in a pull-mode group a send pushes {push:head, conv_id, head} to the members' devices, not the event",
-        json!({"create_status": status, "ack": ack, "pushes": [head, head2]}),
-        pass,
-    );
+    let pass = check_1.resolve(json!({"create_status": status, "ack": ack, "pushes": [head, head2]}), pass);
     assert!(pass);
 
     // Inbox and read cursor across two devices.
@@ -409,7 +459,8 @@ async fn pull_mode_pushes_head_and_read_cursors_reach_the_other_device() {
     let inbox_before = b1.request("conversations", json!({})).await;
     let read = b1.request("read", json!({"conv_id": conv, "seq": 4})).await;
     let pushed = b2.push().await;
-    let sender_quiet = b1.no_push_pending().await;
+    let sender_quiet = no_push_before_marker(&mut b1, &mut a, &conv).await;
+    let marker_head = b2.push().await;
     let back = b1.request("read", json!({"conv_id": conv, "seq": 1})).await;
     b2.push().await;
     let inbox_after = b2.request("conversations", json!({})).await;
@@ -422,17 +473,13 @@ async fn pull_mode_pushes_head_and_read_cursors_reach_the_other_device() {
         && read["read_seq"] == 4
         && pushed == json!({"push": "read", "conv_id": conv, "read_seq": 4})
         && sender_quiet
+        && marker_head["head"] == 6
         && back["read_seq"] == 4
-        && item(&inbox_after)["unread"] == 1
+        && item(&inbox_after)["unread"] == 2
         && http_status == 200
         && http_inbox["conversations"] == inbox_after["conversations"]
         && http_inbox["next_cursor"].is_null();
-    record(
-        SUITE,
-        "05-read-cursor-inbox",
-        "ws+http",
-        "inbox shows unread 3 / read_seq 0; read 4 → {read_seq:4} and push read to the user's other device only; \
-         read 1 never moves it back; unread then 1; HTTP inbox equals the WebSocket one",
+    let pass = check_2.resolve(
         json!({"inbox_before": item(&inbox_before), "read": read, "other_device_push": pushed, "read_back": back,
                "inbox_after": item(&inbox_after), "http_status": http_status}),
         pass,
@@ -442,6 +489,13 @@ async fn pull_mode_pushes_head_and_read_cursors_reach_the_other_device() {
 
 #[actix_web::test]
 async fn http_and_websocket_give_identical_answers() {
+    let check = Check::start(
+        SUITE,
+        "05-http-equals-ws",
+        "ws+http",
+        "the same op over HTTP and WebSocket gives the same result object (and the same error object); a direct \
+         chat created again is 200; a new send 201 and its replay over WebSocket dup:true with the same seq",
+    );
     let s = TestServer::start().await;
     let (ana, _) = (s.user("u-ana").await, s.user("u-ben").await);
     let conv = s.direct(&ana, "u-ben").await;
@@ -484,12 +538,7 @@ async fn http_and_websocket_give_identical_answers() {
         && same.iter().all(|c| c["equal"] == true)
         && same[4]["http"]["error"]["code"] == "EPOCH_CHANGED"
         && same[4]["status"] == 409;
-    record(
-        SUITE,
-        "05-http-equals-ws",
-        "ws+http",
-        "the same op over HTTP and WebSocket gives the same result object (and the same error object); a direct \
-         chat created again is 200; a new send 201 and its replay over WebSocket dup:true with the same seq",
+    let pass = check.resolve(
         json!({"create_again_status": created_status, "http_send_status": st, "ack_equal": ack_equal, "pairs": same}),
         pass,
     );
@@ -498,25 +547,37 @@ async fn http_and_websocket_give_identical_answers() {
 
 #[actix_web::test]
 async fn graceful_shutdown_answers_in_flight_requests_then_kicks_everyone() {
+    let check = Check::start(
+        SUITE,
+        "05-graceful-shutdown",
+        "ws",
+        "on shutdown signalled while a send is in COMMIT (and 19 more queued behind it), every in-flight send is \
+         answered ok (and stored), then each connection gets kicked:shutdown, and the server stops",
+    );
     let s = TestServer::start().await;
     let (ana, ben) = (s.user("u-ana").await, s.user("u-ben").await);
     let conv = s.direct(&ana, "u-ben").await;
+    let watch = s.db.client().await;
+    commit_stall::install(&watch, 1.5).await;
     let mut a = s.ws(&ana).await;
     let mut b = s.ws(&ben).await;
     let ids: Vec<u64> = {
         let mut ids = vec![];
         for i in 0..20 {
-            ids.push(a.start("send", hi(&format!("s{i}"), &conv, "bye")).await);
+            let text = if i == 0 { commit_stall::MARK } else { "bye" };
+            ids.push(a.start("send", hi(&format!("s{i}"), &conv, text)).await);
         }
         ids
     };
-    // Answered at once, while the sends are still in flight: the server has read every frame.
-    a.request("ping", json!({})).await;
+    let stalled = commit_stall::wait_until_stalled(&watch, WAIT).await;
     s.trigger.fire();
     let mut answered = 0;
+    let mut stalled_send = Value::Null;
     for id in &ids {
-        if a.reply(*id).await["ok"] == true {
-            answered += 1;
+        let reply = tokio::time::timeout(WAIT, a.reply(*id)).await.unwrap_or(Value::Null);
+        answered += usize::from(reply["ok"] == true);
+        if *id == ids[0] {
+            stalled_send = reply;
         }
     }
     let a_closed = a.closed().await;
@@ -531,18 +592,16 @@ async fn graceful_shutdown_answers_in_flight_requests_then_kicks_everyone() {
             .expect("count")
             .get(0);
     let kicked = json!({"push": "kicked", "reason": "shutdown"});
-    let pass = answered == ids.len()
+    let pass = !stalled.is_empty()
+        && stalled_send["seq"] == 3
+        && answered == ids.len()
         && rows == ids.len() as i64
         && a_closed.pushes.last() == Some(&kicked)
         && b_closed.pushes.contains(&kicked)
         && stopped_ok;
-    record(
-        SUITE,
-        "05-graceful-shutdown",
-        "ws",
-        "on shutdown every in-flight send is answered (and stored), then each connection gets kicked:shutdown, \
-         and the server stops",
-        json!({"sends": ids.len(), "answered_ok": answered, "rows": rows, "a_close": a_closed.code,
+    let pass = check.resolve(
+        json!({"sends": ids.len(), "in_commit_when_signalled": !stalled.is_empty(), "stalled_send": stalled_send,
+               "answered_ok": answered, "rows": rows, "a_close": a_closed.code,
                "b_pushes": b_closed.pushes, "stopped": stopped_ok}),
         pass,
     );

@@ -15,7 +15,8 @@ use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::evidence::record;
+use crate::commit_stall;
+use crate::evidence::Check;
 use crate::harness::TestDb;
 use crate::server::{free_port, http_raw, TestServer, Ws, ADMIN};
 
@@ -49,6 +50,15 @@ fn pushed_seqs(push: &Value) -> Vec<i64> {
 #[actix_web::test]
 async fn a_slow_consumer_is_closed_while_the_conversation_and_other_devices_carry_on() {
     const SENDS: usize = 1200;
+    let check = Check::start(
+        SUITE,
+        "05-slow-consumer",
+        "ws, 1200 sends of 4 KiB, one receiver never reads",
+        "a device that stops reading overflows its bounded queue: its route is removed at once (routed 3 → 2) and, \
+         once it reads again, it gets the pushes queued before the overflow (seq 3.. contiguous) then close 1013; \
+         meanwhile every send is acked in order and the other device of the same user receives every event in \
+         order; after reconnecting, sync recovers the rest",
+    );
     let s = TestServer::start().await;
     let (ana, ben) = (s.user("u-ana").await, s.user("u-ben").await);
     let ben2 = s.device("u-ben", "d2").await;
@@ -139,14 +149,7 @@ async fn a_slow_consumer_is_closed_while_the_conversation_and_other_devices_carr
         && slow_prefix
         && slow_seqs.len() < SENDS
         && recovered == want;
-    record(
-        SUITE,
-        "05-slow-consumer",
-        "ws, 1200 sends of 4 KiB, one receiver never reads",
-        "a device that stops reading overflows its bounded queue: its route is removed at once (routed 3 → 2) and, \
-         once it reads again, it gets the pushes queued before the overflow (seq 3.. contiguous) then close 1013; \
-         meanwhile every send is acked in order and the other device of the same user receives every event in \
-         order; after reconnecting, sync recovers the rest",
+    let pass = check.resolve(
         json!({"sends": SENDS, "elapsed_ms": elapsed_ms, "acks_in_order": acks == want, "healthy_in_order": seen == want,
                "healthy_received": seen.len(), "overflowed_metric": overflowed, "routed_before": routed_before,
                "routed_after": routed_after, "slow_received": slow_seqs.len(), "slow_received_contiguous": slow_prefix,
@@ -195,6 +198,13 @@ async fn close_code(tcp: &mut TcpStream) -> Option<u16> {
 
 #[actix_web::test]
 async fn a_frame_announcing_more_than_64_kib_is_refused_with_1009_before_its_payload_arrives() {
+    let check = Check::start(
+        SUITE,
+        "05-frame-limit-early",
+        "header announces 8 MiB, 16 KiB sent",
+        "a frame whose header announces more than 64 KiB is refused with close 1009 as soon as the header is read, \
+         without waiting for (or buffering) its payload; the device reconnects normally",
+    );
     let s = TestServer::start().await;
     let ana = s.user("u-ana").await;
     let mut tcp = raw_upgrade(s.port, &ana).await;
@@ -211,15 +221,7 @@ async fn a_frame_announcing_more_than_64_kib_is_refused_with_1009_before_its_pay
     let mut again = s.ws(&ana).await;
     let ping = again.request("ping", json!({})).await;
     let pass = code == Some(1009) && ping["ok"] == true;
-    record(
-        SUITE,
-        "05-frame-limit-early",
-        "header announces 8 MiB, 16 KiB sent",
-        "a frame whose header announces more than 64 KiB is refused with close 1009 as soon as the header is read, \
-         without waiting for (or buffering) its payload; the device reconnects normally",
-        json!({"close_code": code, "waited_ms": waited_ms, "reconnect_ping": ping["ok"]}),
-        pass,
-    );
+    let pass = check.resolve(json!({"close_code": code, "waited_ms": waited_ms, "reconnect_ping": ping["ok"]}), pass);
     assert!(pass);
 }
 
@@ -263,8 +265,9 @@ struct Attempt {
     ack: Option<(i64, String)>,
 }
 
-/// Sends continuously (up to `WINDOW` in flight) until the connection dies.
-async fn keep_sending(port: u16, user: String, token: String, conv: &str) -> Vec<Attempt> {
+/// Sends continuously (up to `WINDOW` in flight) until the connection dies;
+/// send number `stall_at` carries the commit-stall mark.
+async fn keep_sending(port: u16, user: String, token: String, conv: &str, stall_at: Option<u64>) -> Vec<Attempt> {
     const WINDOW: usize = 4;
     let mut req = format!("ws://127.0.0.1:{port}/v1/ws").into_client_request().expect("request");
     req.headers_mut().insert("Authorization", format!("Bearer {token}").parse().expect("header"));
@@ -274,7 +277,8 @@ async fn keep_sending(port: u16, user: String, token: String, conv: &str) -> Vec
     let mut next = 0u64;
     'run: loop {
         while in_flight.len() < WINDOW {
-            let (key, text) = (format!("{user}-{next}"), format!("message {next} of {user}"));
+            let mark = if stall_at == Some(next) { commit_stall::MARK } else { "" };
+            let (key, text) = (format!("{user}-{next}"), format!("message {next} of {user} {mark}"));
             attempts.push(Attempt { user: user.clone(), token: token.clone(), key: key.clone(), text, ack: None });
             in_flight.insert(next, attempts.len() - 1);
             let mut frame = send_fields(conv, &key, &attempts[attempts.len() - 1].text);
@@ -337,13 +341,116 @@ async fn log_stats(db: &TestDb, conv: &str) -> (i64, i64, i64) {
 #[actix_web::test]
 async fn acked_sends_survive_sigkill_and_unacked_ones_retry_to_exactly_one_row() {
     const SENDERS: usize = 16;
+    /// The send of sender 0 whose batch the kill lands in, mid-COMMIT.
+    const STALLED_SEND: u64 = 40;
+    let check = Check::start(
+        SUITE,
+        "gateway-sigkill-restart",
+        "real binary, 16 ws senders (window 4), kill -9 while a batch is in COMMIT, restart",
+        "after SIGKILL under load, landing while a batch is in COMMIT (PostgreSQL finishes that commit without its \
+         client), and a restart: every acked send is stored exactly as acked (seq, message_id); the log is gapless \
+         (count = max = next_seq - 1); at least the stalled send is committed but unacked; retrying every unacked \
+         send with its key gives exactly one row each (dup:true with the stored seq and message_id if it had \
+         committed, a new seq otherwise); the log stays gapless",
+    );
     let conv = "g-kill";
     let db = TestDb::with_pool(2).await;
+    let watch = db.client().await;
+    commit_stall::install(&watch, 3.0).await;
     let port = free_port();
     let mut server = spawn_server(&db.url, port).await;
+    let users = kill_group(port, conv, SENDERS).await;
 
+    let senders = join_all(
+        users
+            .iter()
+            .enumerate()
+            .map(|(i, (u, t))| keep_sending(port, u.clone(), t.clone(), conv, (i == 0).then_some(STALLED_SEND))),
+    );
+    let killer = async {
+        let stalled = commit_stall::wait_until_stalled(&watch, Duration::from_secs(30)).await;
+        server.start_kill().expect("SIGKILL");
+        (stalled, server.wait().await.expect("reap"))
+    };
+    let (attempts, (stalled, status)) = tokio::join!(senders, killer);
+    let attempts: Vec<Attempt> = attempts.into_iter().flatten().collect();
+    let killed_by_signal = std::os::unix::process::ExitStatusExt::signal(&status) == Some(9);
+    let (acked, unacked): (Vec<&Attempt>, Vec<&Attempt>) = attempts.iter().partition(|a| a.ack.is_some());
+    // The stalled commit completes after its client died; then its backend exits.
+    let commit_finished =
+        !stalled.is_empty() && commit_stall::wait_until_gone(&watch, &stalled, Duration::from_secs(30)).await;
+
+    let port = free_port();
+    let mut server = spawn_server(&db.url, port).await;
+    let rows = msg_rows(&db, conv).await;
+    let stats_after_restart = log_stats(&db, conv).await;
+    let acked_exact = acked.iter().all(|a| {
+        rows.get(&(a.user.clone(), a.key.clone())).map(Vec::as_slice)
+            == Some(std::slice::from_ref(a.ack.as_ref().expect("acked")))
+    });
+    let stalled_key = format!("{}-{STALLED_SEND}", users[0].0);
+    let mut committed_unacked = 0;
+    let mut stalled_retry = Value::Null;
+    let mut retries_right = true;
+    let mut retry_samples = vec![];
+    for a in &unacked {
+        let before = rows.get(&(a.user.clone(), a.key.clone())).cloned().unwrap_or_default();
+        let mut ws = Ws::connect(port, Some(&a.token)).await.expect("reconnect");
+        let r = ws.request("send", send_fields(conv, &a.key, &a.text)).await;
+        let right = match before.as_slice() {
+            [] => r["ok"] == true && r["dup"] == false,
+            [(seq, mid)] => {
+                committed_unacked += 1;
+                r["ok"] == true && r["dup"] == true && r["seq"] == *seq && r["message_id"] == mid.as_str()
+            }
+            _ => false,
+        };
+        retries_right &= right;
+        if a.key == stalled_key {
+            stalled_retry = json!({"stored": before, "retry": r, "right": right});
+        }
+        if retry_samples.len() < 8 {
+            retry_samples.push(json!({"key": a.key, "was_committed": !before.is_empty(), "retry": r}));
+        }
+        ws.close().await;
+    }
+    let rows_final = msg_rows(&db, conv).await;
+    let stats_final = log_stats(&db, conv).await;
+    let one_row_each =
+        attempts.iter().all(|a| rows_final.get(&(a.user.clone(), a.key.clone())).map_or(0, Vec::len) == 1);
+    let gapless = |(count, max, next): (i64, i64, i64)| count == max && max == next - 1;
+    let stalled_was_committed_unacked = stalled_retry["right"] == true && stalled_retry["retry"]["dup"] == true;
+    let pass = killed_by_signal
+        && commit_finished
+        && !acked.is_empty()
+        && acked_exact
+        && gapless(stats_after_restart)
+        && committed_unacked >= 1
+        && stalled_was_committed_unacked
+        && retries_right
+        && one_row_each
+        && rows_final.len() == attempts.len()
+        && gapless(stats_final);
+    let _ = server.start_kill();
+    let _ = server.wait().await;
+    let pass = check.resolve(
+        json!({"attempts": attempts.len(), "acked": acked.len(), "unacked": unacked.len(),
+               "unacked_but_committed": committed_unacked, "stalled_send": stalled_retry,
+               "killed_during_commit": !stalled.is_empty(), "stalled_commit_finished": commit_finished,
+               "killed_by_sigkill": killed_by_signal, "acked_stored_exactly": acked_exact,
+               "log_after_restart": stats_after_restart, "retries_right": retries_right,
+               "one_row_per_key": one_row_each, "msg_rows": rows_final.len(), "log_final": stats_final,
+               "retry_samples": retry_samples}),
+        pass,
+    );
+    assert!(pass);
+}
+
+/// Creates `n` users with a device each and a pull-mode group `conv` of them
+/// all (created by the first); their `(user, token)`s.
+async fn kill_group(port: u16, conv: &str, n: usize) -> Vec<(String, String)> {
     let mut users = vec![];
-    for i in 0..SENDERS {
+    for i in 0..n {
         let user = format!("u-k{i:02}");
         let (st, _) =
             http_raw(port, "POST", "/v1/admin/users", Some(ADMIN), Some(&json!({"user_id": user}).to_string())).await;
@@ -364,75 +471,5 @@ async fn acked_sends_survive_sigkill_and_unacked_ones_retry_to_exactly_one_row()
         json!({"kind": "group", "conv_id": conv, "name": "kill -9", "members": members, "delivery_mode": "pull"});
     let (st, v) = http_raw(port, "POST", "/v1/conversations", Some(&users[0].1), Some(&create.to_string())).await;
     assert_eq!(st, 201, "create group: {v}");
-
-    let senders = join_all(users.iter().map(|(u, t)| keep_sending(port, u.clone(), t.clone(), conv)));
-    let killer = async {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        server.start_kill().expect("SIGKILL");
-        server.wait().await.expect("reap")
-    };
-    let (attempts, status) = tokio::join!(senders, killer);
-    let attempts: Vec<Attempt> = attempts.into_iter().flatten().collect();
-    let killed_by_signal = std::os::unix::process::ExitStatusExt::signal(&status) == Some(9);
-    let (acked, unacked): (Vec<&Attempt>, Vec<&Attempt>) = attempts.iter().partition(|a| a.ack.is_some());
-
-    let port = free_port();
-    let mut server = spawn_server(&db.url, port).await;
-    let rows = msg_rows(&db, conv).await;
-    let stats_after_restart = log_stats(&db, conv).await;
-    let acked_exact = acked.iter().all(|a| {
-        rows.get(&(a.user.clone(), a.key.clone())).map(Vec::as_slice)
-            == Some(std::slice::from_ref(a.ack.as_ref().expect("acked")))
-    });
-    let mut committed_unacked = 0;
-    let mut retries_right = true;
-    let mut retry_samples = vec![];
-    for a in &unacked {
-        let before = rows.get(&(a.user.clone(), a.key.clone())).cloned().unwrap_or_default();
-        let mut ws = Ws::connect(port, Some(&a.token)).await.expect("reconnect");
-        let r = ws.request("send", send_fields(conv, &a.key, &a.text)).await;
-        let right = match before.as_slice() {
-            [] => r["ok"] == true && r["dup"] == false,
-            [(seq, mid)] => {
-                committed_unacked += 1;
-                r["ok"] == true && r["dup"] == true && r["seq"] == *seq && r["message_id"] == mid.as_str()
-            }
-            _ => false,
-        };
-        retries_right &= right;
-        if retry_samples.len() < 8 {
-            retry_samples.push(json!({"key": a.key, "was_committed": !before.is_empty(), "retry": r}));
-        }
-        ws.close().await;
-    }
-    let rows_final = msg_rows(&db, conv).await;
-    let stats_final = log_stats(&db, conv).await;
-    let one_row_each =
-        attempts.iter().all(|a| rows_final.get(&(a.user.clone(), a.key.clone())).map_or(0, Vec::len) == 1);
-    let gapless = |(count, max, next): (i64, i64, i64)| count == max && max == next - 1;
-    let pass = killed_by_signal
-        && !acked.is_empty()
-        && acked_exact
-        && gapless(stats_after_restart)
-        && retries_right
-        && one_row_each
-        && rows_final.len() == attempts.len()
-        && gapless(stats_final);
-    let _ = server.start_kill();
-    let _ = server.wait().await;
-    record(
-        SUITE,
-        "gateway-sigkill-restart",
-        "real binary, 16 ws senders (window 4), kill -9 after 1 s, restart",
-        "after SIGKILL under load and a restart: every acked send is stored exactly as acked (seq, message_id); the \
-         log is gapless (count = max = next_seq - 1); retrying every unacked send with its key gives exactly one row \
-         each (dup:true with the stored seq if it had committed, a new seq otherwise); the log stays gapless",
-        json!({"attempts": attempts.len(), "acked": acked.len(), "unacked": unacked.len(),
-               "unacked_but_committed": committed_unacked, "killed_by_sigkill": killed_by_signal,
-               "acked_stored_exactly": acked_exact, "log_after_restart": stats_after_restart,
-               "retries_right": retries_right, "one_row_per_key": one_row_each, "msg_rows": rows_final.len(),
-               "log_final": stats_final, "retry_samples": retry_samples}),
-        pass,
-    );
-    assert!(pass);
+    users
 }

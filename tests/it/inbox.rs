@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio_postgres::types::Type;
 
 use crate::env::{cid, text, uid, Env, Path};
-use crate::evidence::record;
+use crate::evidence::Check;
 
 const SUITE: &str = "im-09";
 const VARIANT: &str = "direct";
@@ -100,6 +100,13 @@ fn is_rejected<T: std::fmt::Debug>(r: &Result<T, StoreError>, want: &Rejection) 
 
 #[actix_web::test]
 async fn the_read_cursor_never_moves_back_and_never_passes_the_head() {
+    let check = Check::start(
+        SUITE,
+        "09-read-cursor-monotonic-capped",
+        VARIANT,
+        "P8: marks 10, 5, 1000, 0 at head 42 answer 10, 10, 42, 42; 2 rounds of 32 concurrent tasks x 8 random marks: \
+         no task sees its cursor move back, every answer is in [min(request, head), head], the cursor ends at min(max request, head)",
+    );
     const TASKS: usize = 32;
     const CALLS: usize = 8;
     let env = Arc::new(Env::with_pool(Path::Direct, TASKS as u32 + 2).await);
@@ -162,20 +169,19 @@ async fn the_read_cursor_never_moves_back_and_never_passes_the_head() {
     }
     let concurrent_ok = rounds.len() == 2 && rounds.iter().all(|r| r["end"] == r["want"]);
     let pass = sequential_ok && concurrent_ok;
-    record(
-        SUITE,
-        "09-read-cursor-monotonic-capped",
-        VARIANT,
-        "P8: marks 10, 5, 1000, 0 at head 42 answer 10, 10, 42, 42; 2 rounds of 32 concurrent tasks x 8 random marks: \
-         no task sees its cursor move back, every answer is in [min(request, head), head], the cursor ends at min(max request, head)",
-        json!({"head": head, "sequential": steps, "stored": stored, "concurrent_rounds": rounds}),
-        pass,
-    );
+    let pass =
+        check.resolve(json!({"head": head, "sequential": steps, "stored": stored, "concurrent_rounds": rounds}), pass);
     assert!(pass);
 }
 
 #[actix_web::test]
 async fn marking_read_without_being_a_current_member_is_not_member() {
+    let check = Check::start(
+        SUITE,
+        "09-read-not-member",
+        VARIANT,
+        "mark_read by a never-member, a former member, and on an unknown conversation: NOT_MEMBER, no cursor row; seq -1: BAD_REQUEST; a member's mark works",
+    );
     let env = Env::new(Path::Direct).await;
     env.users(&["u-ana", "u-ben", "u-cai"]).await;
     let conv = group(&env, "g-nm", "u-ana", &["u-ben"]).await;
@@ -201,11 +207,7 @@ async fn marking_read_without_being_a_current_member_is_not_member() {
         && matches!(negative, Err(StoreError::Rejected(Rejection::BadRequest(_))))
         && matches!(member, Ok(3))
         && rows == 0;
-    record(
-        SUITE,
-        "09-read-not-member",
-        VARIANT,
-        "mark_read by a never-member, a former member, and on an unknown conversation: NOT_MEMBER, no cursor row; seq -1: BAD_REQUEST; a member's mark works",
+    let pass = check.resolve(
         json!({"never_member": format!("{never:?}"), "former_member": format!("{former:?}"),
                "unknown_conv": format!("{unknown:?}"), "negative_seq": format!("{negative:?}"),
                "member": format!("{member:?}"), "foreign_cursor_rows": rows}),
@@ -216,6 +218,13 @@ async fn marking_read_without_being_a_current_member_is_not_member() {
 
 #[actix_web::test]
 async fn unread_counts_only_visible_unrecalled_messages_from_others_after_the_cursor() {
+    let check = Check::start(
+        SUITE,
+        "09-unread-counts",
+        VARIANT,
+        "log: joins 1-3, msgs 4,5 (ana), 6 (ben), 7 (cai), 8 (ana, recalled), join 9 (dan), msg 10 (ana). unread: ben 3 then 4, \
+         ana 2, dan 1 (period from 9); ben after read 5: 2; after reading to head 10: read_seq 10, unread 0",
+    );
     let env = Env::new(Path::Direct).await;
     env.users(&["u-ana", "u-ben", "u-cai", "u-dan"]).await;
     let conv = group(&env, "g-unread", "u-ana", &["u-ben", "u-cai"]).await; // joins 1..3
@@ -245,12 +254,7 @@ async fn unread_counts_only_visible_unrecalled_messages_from_others_after_the_cu
         && to_head == head
         && ben_at_head.read_seq == head
         && ben_at_head.unread == 0;
-    record(
-        SUITE,
-        "09-unread-counts",
-        VARIANT,
-        "log: joins 1-3, msgs 4,5 (ana), 6 (ben), 7 (cai), 8 (ana, recalled), join 9 (dan), msg 10 (ana). unread: ben 3 then 4, \
-         ana 2, dan 1 (period from 9); ben after read 5: 2; after reading to head 10: read_seq 10, unread 0",
+    let pass = check.resolve(
         json!({"ben_initial": ben_initial, "ana_initial": ana_initial, "dan": dan, "ben_before_read": ben_before_read,
                "ben_after_read_5": {"read_seq": ben_after_5.read_seq, "unread": ben_after_5.unread},
                "mark_read_max_answer": to_head, "head": head,
@@ -262,6 +266,13 @@ async fn unread_counts_only_visible_unrecalled_messages_from_others_after_the_cu
 
 #[actix_web::test]
 async fn unread_is_exact_below_1000_and_reports_1000_for_a_larger_backlog() {
+    let check = Check::start(
+        SUITE,
+        "09-unread-cap",
+        VARIANT,
+        "backlogs of 999, 1000 and 50,000 msgs from ana: ben's unread 999, 1000, 1000 (1000 = 999+); after reading to head-10: 10; \
+         the sender's own unread 0",
+    );
     let env = Env::new(Path::Direct).await;
     env.users(&["u-ana", "u-ben"]).await;
     let mut convs = vec![];
@@ -287,12 +298,7 @@ async fn unread_is_exact_below_1000_and_reports_1000_for_a_larger_backlog() {
     let sender: Vec<_> = all_pages(&env, "u-ana", 50).await.0.iter().map(|i| i.unread).collect();
     let pass =
         p5_ok && counts == [Some(999), Some(UNREAD_CAP), Some(UNREAD_CAP)] && after_read == 10 && sender == [0, 0, 0];
-    record(
-        SUITE,
-        "09-unread-cap",
-        VARIANT,
-        "backlogs of 999, 1000 and 50,000 msgs from ana: ben's unread 999, 1000, 1000 (1000 = 999+); after reading to head-10: 10; \
-         the sender's own unread 0",
+    let pass = check.resolve(
         json!({"backlogs": convs.iter().map(|(_, n)| n).collect::<Vec<_>>(), "unread": counts,
                "after_read_to_head_minus_10": after_read, "sender_unread": sender, "p5_consistent": p5_ok,
                "inbox_ms": inbox_ms}),
@@ -303,6 +309,14 @@ async fn unread_is_exact_below_1000_and_reports_1000_for_a_larger_backlog() {
 
 #[actix_web::test]
 async fn the_inbox_lists_most_recent_first_and_paging_covers_every_conversation_once() {
+    let check = Check::start(
+        SUITE,
+        "09-inbox-order-and-paging",
+        VARIANT,
+        "24 conversations, activity times with ties, one bumped by a send: every page size (1, 4, 5, 24, 200) lists all 24 exactly once \
+         in (last_event_at desc, conv_id) order in ceil(24/limit) pages, the last with next_cursor null; limit 0 clamps to 1, \
+         10000 to 200; malformed cursors: BAD_REQUEST",
+    );
     const CONVS: usize = 24;
     let env = Env::new(Path::Direct).await;
     env.users(&["u-ana", "u-ben"]).await;
@@ -349,13 +363,7 @@ async fn the_inbox_lists_most_recent_first_and_paging_covers_every_conversation_
     }
     let bad_ok = bad.iter().all(|r| matches!(r, Err(StoreError::Rejected(Rejection::BadRequest(_)))));
     let pass = all_ok && clamped_low == 1 && clamped_high == CONVS && bad_ok;
-    record(
-        SUITE,
-        "09-inbox-order-and-paging",
-        VARIANT,
-        "24 conversations, activity times with ties, one bumped by a send: every page size (1, 4, 5, 24, 200) lists all 24 exactly once \
-         in (last_event_at desc, conv_id) order in ceil(24/limit) pages, the last with next_cursor null; limit 0 clamps to 1, \
-         10000 to 200; malformed cursors: BAD_REQUEST",
+    let pass = check.resolve(
         json!({"expected": expected, "runs": runs, "limit_0_items": clamped_low, "limit_10000_items": clamped_high,
                "malformed_cursors": bad.iter().map(|r| format!("{:?}", r.as_ref().map(|p| p.items.len()))).collect::<Vec<_>>()}),
         pass,
@@ -365,6 +373,13 @@ async fn the_inbox_lists_most_recent_first_and_paging_covers_every_conversation_
 
 #[actix_web::test]
 async fn a_former_members_conversation_is_not_listed() {
+    let check = Check::start(
+        SUITE,
+        "09-former-member-not-listed",
+        VARIANT,
+        "after u-ben leaves g-left, his inbox lists only g-stay (ana's lists both); after rejoining, g-left is listed again \
+         and unread counts only the new period (1: the msg at 7, not the ones at 3 and 5)",
+    );
     let env = Env::new(Path::Direct).await;
     env.users(&["u-ana", "u-ben"]).await;
     let stay = group(&env, "g-stay", "u-ana", &["u-ben"]).await;
@@ -382,12 +397,7 @@ async fn a_former_members_conversation_is_not_listed() {
         && ana.len() == 2
         && back.unread == 1
         && back.last_event.as_ref().map(|e| e.seq) == Some(7);
-    record(
-        SUITE,
-        "09-former-member-not-listed",
-        VARIANT,
-        "after u-ben leaves g-left, his inbox lists only g-stay (ana's lists both); after rejoining, g-left is listed again \
-         and unread counts only the new period (1: the msg at 7, not the ones at 3 and 5)",
+    let pass = check.resolve(
         json!({"ben_while_away": away, "ana": ana, "ben_after_rejoin": {"unread": back.unread,
                "last_seq": back.last_event.as_ref().map(|e| e.seq)}}),
         pass,
@@ -397,6 +407,13 @@ async fn a_former_members_conversation_is_not_listed() {
 
 #[actix_web::test]
 async fn last_event_is_the_newest_event_the_user_can_see() {
+    let record = Check::start(
+        SUITE,
+        "09-last-event-newest-visible",
+        VARIANT,
+        "the inbox's last_event equals the last event sync returns to the same user after create (join@2), a send (msg@3), \
+         its recall (msg@3 recalled, body null) and a join (join@4, seen by the joiner)",
+    );
     let env = Env::new(Path::Direct).await;
     env.users(&["u-ana", "u-ben", "u-cai"]).await;
     let conv = group(&env, "g-last", "u-ana", &["u-ben"]).await;
@@ -421,20 +438,21 @@ async fn last_event_is_the_newest_event_the_user_can_see() {
             && matches!(recalled.as_ref().map(|e| &e.kind), Some(EventKind::Msg { body: None, recalled: true, .. }))
             && matches!(joined.as_ref().map(|e| (e.seq, &e.kind)), Some((4, EventKind::Join { .. })));
     let pass = ok && kinds_ok;
-    record(
-        SUITE,
-        "09-last-event-newest-visible",
-        VARIANT,
-        "the inbox's last_event equals the last event sync returns to the same user after create (join@2), a send (msg@3), \
-         its recall (msg@3 recalled, body null) and a join (join@4, seen by the joiner)",
-        json!({"steps": steps, "kinds_ok": kinds_ok}),
-        pass,
-    );
+    let pass = record.resolve(json!({"steps": steps, "kinds_ok": kinds_ok}), pass);
     assert!(pass);
 }
 
 #[actix_web::test]
 async fn the_inbox_probes_events_by_primary_key_per_listed_conversation() {
+    let check = Check::start(
+        SUITE,
+        "09-inbox-plan",
+        VARIANT,
+        "EXPLAIN ANALYZE of the inbox query for a user in 301 of 20,301 conversations over 800,000 events (one with a 200,000 \
+         unread backlog): no Seq Scan on events, members or membership_periods; the last-event and unread LATERALs \
+         probe events_pkey (an ordered or a bitmap range scan, as the planner picks) once per page row (51 = limit + 1); first c-big (read_seq 0, \
+         unread 1000), then c-300 (read_seq 1700, unread 150)",
+    );
     const CONVS: i64 = 300;
     const PER_CONV: i64 = 2_000;
     // Other users' conversations, so the tables are not all ana's (no events).
@@ -520,14 +538,7 @@ async fn the_inbox_probes_events_by_primary_key_per_listed_conversation() {
         && page.items.len() == 50
         && first == [("c-big".to_string(), 0, UNREAD_CAP), ("c-300".to_string(), 1700, 150)]
         && page.next_cursor.is_some();
-    record(
-        SUITE,
-        "09-inbox-plan",
-        VARIANT,
-        "EXPLAIN ANALYZE of the inbox query for a user in 301 of 20,301 conversations over 800,000 events (one with a 200,000 \
-         unread backlog): no Seq Scan on events, members or membership_periods; the last-event and unread LATERALs \
-         probe events_pkey (an ordered or a bitmap range scan, as the planner picks) once per page row (51 = limit + 1); first c-big (read_seq 0, \
-         unread 1000), then c-300 (read_seq 1700, unread 150)",
+    let pass = check.resolve(
         json!({"events": total, "conversations": CONVS + 1, "noise_conversations": NOISE, "plan": plan, "full_scans": full_scans, "inbox_50_ms": inbox_ms, "first": first}),
         pass,
     );

@@ -2,14 +2,19 @@
 //! One binary, so the run shares one cluster.
 
 mod actor_path;
+mod commit_stall;
+mod db_outage;
 #[macro_use]
 mod env;
 mod evidence;
 mod gateway;
+mod gateway_contract;
 mod gateway_faults;
+mod gateway_races;
 mod harness;
 mod inbox;
 mod seed_000;
 mod server;
 mod startup;
 mod store_rules;
+mod sync_points;

@@ -143,11 +143,6 @@ impl Ws {
         self.push_within(WAIT).await.expect("a push")
     }
 
-    /// No push pending once a ping round trip is answered.
-    pub async fn no_push_pending(&mut self) -> bool {
-        self.0.no_push_pending().await.expect("ping answered")
-    }
-
     /// Reads until the server closes; the close code and the pushes seen.
     pub async fn closed(&mut self) -> Closed {
         match self.0.closed_within(WAIT).await {

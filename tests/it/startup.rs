@@ -6,11 +6,17 @@ use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
 use imcore::store::{Store, MIGRATIONS, SCHEMA_VERSION};
 use serde_json::json;
 
-use crate::evidence::record;
+use crate::evidence::Check;
 use crate::harness::{connect, empty_database};
 
 #[actix_web::test]
 async fn processes_migrating_one_database_at_once_apply_each_migration_exactly_once() {
+    let check = Check::start(
+        "im-04",
+        "schema-migrations-once",
+        "schema",
+        "4 stores migrating one empty database at once: each migration applied exactly once (advisory lock), applying again is a no-op, /readyz condition true",
+    );
     let url = empty_database().await;
     let stores = join_all((0..4).map(|_| Store::connect(&url, 2))).await;
     let applied: Vec<usize> = join_all(stores.iter().map(|s| async {
@@ -30,11 +36,7 @@ async fn processes_migrating_one_database_at_once_apply_each_migration_exactly_o
     let expected: Vec<i32> = MIGRATIONS.iter().map(|m| m.0).collect();
     let ready = stores[1].as_ref().expect("connect").ready().await;
     let pass = applied.iter().sum::<usize>() == MIGRATIONS.len() && again == 0 && versions == expected && ready;
-    record(
-        "im-04",
-        "schema-migrations-once",
-        "schema",
-        "4 stores migrating one empty database at once: each migration applied exactly once (advisory lock), applying again is a no-op, /readyz condition true",
+    let pass = check.resolve(
         json!({"applied_per_process": applied, "applied_again": again, "recorded_versions": versions, "schema_version": SCHEMA_VERSION, "ready": ready}),
         pass,
     );

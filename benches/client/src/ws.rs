@@ -147,13 +147,6 @@ impl Ws {
         }
     }
 
-    /// No push pending once a ping round trip is answered (pushes sent
-    /// before the ping's answer would have arrived first).
-    pub async fn no_push_pending(&mut self) -> Result<bool, ClientError> {
-        self.request("ping", json!({})).await?;
-        Ok(self.pushes.is_empty())
-    }
-
     /// Reads until the server closes, at most `wait`: the close code and
     /// every push seen (kept ones first).
     pub async fn closed_within(&mut self, wait: Duration) -> Result<Closed, ClientError> {
