@@ -15,6 +15,7 @@ use actix::{Message, Recipient};
 use imcore_actors::registry::{ConnId, RouteRegistry};
 use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
 
+use crate::config::DeliverySettings;
 use crate::domain::{DeliveryMode, Event, EventKind};
 use crate::metrics::metrics;
 use crate::protocol::{encode_event, push_encoded_events, push_head};
@@ -109,17 +110,14 @@ impl Conn {
 
 pub type Routes = RouteRegistry<Conn>;
 
-/// Fan-out runs on a few delivery threads ("lanes"), never on a conversation
-/// actor's thread, so encoding and pushing a batch never delays the next
-/// batch's commit. Every lane sees every batch, in order, and serves the users
-/// that hash to it: a connection is always served by one lane, so it gets one
-/// conversation's events in seq order, and a big group's fan-out is spread
-/// over all lanes.
-const LANES: usize = 2;
-/// Batches waiting per lane; beyond it a batch's pushes are dropped (counted
-/// and logged): clients notice the gap and sync, the log is the truth.
-const LANE_CAPACITY: usize = 4096;
-
+/// Fan-out runs on a few delivery threads ("lanes", `DeliverySettings::lanes`),
+/// never on a conversation actor's thread, so encoding and pushing a batch
+/// never delays the next batch's commit. Every lane sees every batch, in
+/// order, and serves the users that hash to it: a connection is always served
+/// by one lane, so it gets one conversation's events in seq order, and a big
+/// group's fan-out is spread over all lanes. Past a lane's backlog a batch's
+/// pushes are dropped (counted and logged): clients notice the gap and sync,
+/// the log is the truth.
 pub struct Delivery {
     fan: Arc<FanOut>,
     lanes: Vec<SyncSender<Arc<Job>>>,
@@ -140,14 +138,16 @@ struct Job {
 struct FanOut {
     routes: Arc<Routes>,
     store: Store,
+    lanes: usize,
 }
 
 impl Delivery {
-    pub fn new(routes: Arc<Routes>, store: Store) -> Self {
-        let fan = Arc::new(FanOut { routes, store });
-        let lanes = (0..LANES)
+    pub fn new(routes: Arc<Routes>, store: Store, settings: &DeliverySettings) -> Self {
+        let lanes = settings.lanes.max(1);
+        let fan = Arc::new(FanOut { routes, store, lanes });
+        let lanes = (0..lanes)
             .map(|lane| {
-                let (sender, jobs) = sync_channel::<Arc<Job>>(LANE_CAPACITY);
+                let (sender, jobs) = sync_channel::<Arc<Job>>(settings.backlog);
                 let fan = fan.clone();
                 std::thread::Builder::new()
                     .name(format!("delivery-{lane}"))
@@ -208,7 +208,7 @@ impl FanOut {
     /// serves (`None`: every member).
     fn fan_out(&self, job: &Job, lane: Option<usize>, after: i64) {
         let (a, before) = (&job.appended, &*job.members);
-        let mine = |user: &UserId| lane.map_or(true, |l| lane_of(user) == l);
+        let mine = |user: &UserId| lane.map_or(true, |l| lane_of(user, self.lanes) == l);
         let conv = a.conv_id.as_str();
         if a.delivery_mode == DeliveryMode::Pull {
             let frame: Arc<str> = push_head(conv, a.head).into();
@@ -342,9 +342,9 @@ impl Fanout<Appended> for Delivery {
     }
 }
 
-/// The lane that serves `user`'s connections.
-fn lane_of(user: &UserId) -> usize {
+/// The lane of `lanes` that serves `user`'s connections.
+fn lane_of(user: &UserId, lanes: usize) -> usize {
     use std::hash::{BuildHasher, RandomState};
     static SEED: LazyLock<RandomState> = LazyLock::new(RandomState::new);
-    (SEED.hash_one(user) % LANES as u64) as usize
+    (SEED.hash_one(user) % lanes as u64) as usize
 }

@@ -5,12 +5,12 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use imcore_actors::conversation::{ActorConfig, WriteError};
-use imcore_actors::hub::{Hub, HubConfig};
+use imcore_actors::conversation::WriteError;
+use imcore_actors::hub::Hub;
 use imcore_actors::{ConvId, Fanout};
 
-use crate::config::WritePath;
-use crate::delivery::Delivery;
+use crate::config::{EngineSettings, WritePath, WriteSettings};
+use crate::delivery::{Delivery, Routes};
 use crate::domain::Rejection;
 use crate::store::{Store, StoreError, WriteOp, Written};
 
@@ -42,6 +42,26 @@ impl From<StoreError> for WriteFailure {
 
 pub type ConversationHub = Hub<Store, Delivery>;
 
+/// The write engine as the server runs it: the writer on the configured path
+/// (with the commit stage unless `commit_workers` is 0) and the delivery
+/// behind it. Tests and benchmarks build theirs here too, so they run what
+/// production runs.
+pub struct Engine {
+    pub writer: Writer,
+    /// Owns the route registry (`delivery.routes()`).
+    pub delivery: Arc<Delivery>,
+}
+
+impl Engine {
+    /// Starts the delivery lanes, the commit stage and the conversation
+    /// actors' arbiters. Must run inside an actix `System`.
+    pub fn start(store: Store, settings: &EngineSettings) -> Self {
+        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone(), &settings.delivery));
+        let writer = Writer::start(store, delivery.clone(), &settings.write);
+        Self { writer, delivery }
+    }
+}
+
 #[derive(Clone)]
 pub enum Writer {
     Actor(Arc<ConversationHub>),
@@ -49,10 +69,12 @@ pub enum Writer {
 }
 
 impl Writer {
-    /// Must run inside an actix `System` (the hub starts arbiters).
-    pub fn new(path: WritePath, store: Store, delivery: Arc<Delivery>, actor: ActorConfig, arbiters: usize) -> Self {
-        match path {
-            WritePath::Actor => Writer::Actor(Hub::new(Arc::new(store), delivery, HubConfig { arbiters, actor })),
+    fn start(store: Store, delivery: Arc<Delivery>, settings: &WriteSettings) -> Self {
+        match settings.path {
+            WritePath::Actor => {
+                let store = store.with_commit_stage(settings.commit_workers, settings.commit_max_ops);
+                Writer::Actor(Hub::new(Arc::new(store), delivery, settings.hub_config()))
+            }
             WritePath::Direct => Writer::Direct { store, delivery },
         }
     }

@@ -23,7 +23,7 @@ use crate::metrics::{metrics, observe_send};
 use crate::protocol::{conversation_json, event_json, push_read, send_ack_json};
 use crate::store::{
     Appended, CreateConversation, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
-    INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_MAX_LIMIT,
+    INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
 
 /// Longest group name accepted.
@@ -102,7 +102,7 @@ impl Request {
                     after_seq,
                     before_seq,
                     // Over the maximum is clamped (PROTOCOL: "max 1000"); below 1 is refused.
-                    limit: f.int_in("limit", 1, i64::MAX)?.map_or(100, |l| l.min(SYNC_MAX_LIMIT)),
+                    limit: f.int_in("limit", 1, i64::MAX)?.map_or(SYNC_DEFAULT_LIMIT, |l| l.min(SYNC_MAX_LIMIT)),
                     epoch: f.int_in("epoch", 1, i32::MAX.into())?.map(|e| e as i32),
                 })
             }

@@ -15,11 +15,10 @@ mod read;
 mod sync;
 mod write;
 
-use std::time::Duration;
-
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::NoTls;
 
+use crate::config::StoreSettings;
 use crate::domain::Rejection;
 
 pub use accounts::{DeviceToken, TokenOwner};
@@ -27,7 +26,7 @@ use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
-pub use sync::{SyncPage, SyncRequest, SYNC_FORWARD, SYNC_MAX_LIMIT};
+pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
     Appended, BatchJob, ConvCache, JoinOp, LeaveOp, MemberMap, MemberState, SendAck, SendOp, WriteOp, WriteOutcome,
     Written, WrittenBatch,
@@ -67,7 +66,13 @@ pub struct Store {
 }
 
 impl Store {
+    /// A pool of `pool_size` connections, other settings at their defaults
+    /// (tests, tools).
     pub async fn connect(url: &str, pool_size: u32) -> Result<Self, StoreError> {
+        Self::connect_with(url, &StoreSettings { pool_size, ..StoreSettings::default() }).await
+    }
+
+    pub async fn connect_with(url: &str, settings: &StoreSettings) -> Result<Self, StoreError> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Config(format!("{e}")))?;
         if config.get_options().is_none() {
             config.options(SESSION_OPTIONS);
@@ -77,8 +82,8 @@ impl Store {
         }
         let manager = PostgresConnectionManager::new(config, NoTls);
         let pool = bb8::Pool::builder()
-            .max_size(pool_size)
-            .connection_timeout(Duration::from_secs(10))
+            .max_size(settings.pool_size)
+            .connection_timeout(settings.pool_timeout())
             // A validation round trip per checkout (~0.3 ms a transaction):
             // without it a connection whose backend was just terminated can go
             // back to the pool before the client sees the close, and fail the

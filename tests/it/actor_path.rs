@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
-use imcore::delivery::{Delivery, Routes};
+use imcore::config::{EngineSettings, WriteSettings};
 use imcore::store::{CreateConversation, GroupSettings, SendAck, Store, Written};
-use imcore::writer::{WriteFailure, Writer};
-use imcore_actors::conversation::ActorConfig;
+use imcore::writer::{Engine, WriteFailure, Writer};
 use imcore_actors::ConvId;
 use serde_json::json;
 use uuid::Uuid;
@@ -28,9 +27,6 @@ use crate::harness::TestDb;
 
 const SUITE: &str = "im-04";
 
-/// Ops one merged commit-stage transaction may take (as the server sizes it).
-const STAGE_MAX_OPS: usize = 4096;
-
 /// The evidence variant of an actor writer with `workers` commit-stage workers.
 fn variant(workers: usize) -> &'static str {
     if workers == 0 {
@@ -40,12 +36,15 @@ fn variant(workers: usize) -> &'static str {
     }
 }
 
-/// A writer over `store` as the server builds one; `workers` 0: one
-/// transaction per conversation batch, else the merged commit stage.
-fn writer(store: Store, path: Path, workers: usize, actor: ActorConfig, arbiters: usize) -> Writer {
-    let store = store.with_commit_stage(workers, STAGE_MAX_OPS);
-    let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
-    Writer::new(path, store, delivery, actor, arbiters)
+/// A writer over `store`, built as the server builds its own.
+fn writer(store: Store, write: WriteSettings) -> Writer {
+    Engine::start(store, &EngineSettings { write, ..EngineSettings::default() }).writer
+}
+
+/// The server's actor path with `workers` commit-stage workers (0: one
+/// transaction per conversation batch) on `arbiters` arbiters.
+fn actor_path(workers: usize, arbiters: usize) -> WriteSettings {
+    WriteSettings { commit_workers: workers, arbiters, ..WriteSettings::on(Path::Actor) }
 }
 
 /// Creates `users` and a group of them, created by the first.
@@ -165,7 +164,7 @@ async fn issue_order(workers: usize) {
     const N: usize = 500;
     let db = TestDb::with_pool(16).await;
     let conv = group(&db.store, "g-p6", &["u-ana", "u-ben"]).await;
-    let w = writer(db.store.clone(), Path::Actor, workers, ActorConfig::default(), 2);
+    let w = writer(db.store.clone(), actor_path(workers, 2));
     // Every future is created (and its op queued) before any is awaited.
     let pending: Vec<_> =
         (0..N).map(|i| w.write(conv.clone(), send_op("u-ana", &format!("p6-{i}"), text(&format!("m{i}"))))).collect();
@@ -209,8 +208,8 @@ async fn two_writers_one_log(second: Path, workers: usize) {
     // As two nodes would be: separate pools, separate hubs (or no hub).
     let other = Store::connect(&db.url, 16).await.expect("second store");
     let writers = [
-        writer(db.store.clone(), Path::Actor, workers, ActorConfig::default(), 2),
-        writer(other, second, workers, ActorConfig::default(), 2),
+        writer(db.store.clone(), actor_path(workers, 2)),
+        writer(other, WriteSettings { path: second, ..actor_path(workers, 2) }),
     ];
     let user = |i: usize| if i % 2 == 0 { "u-ana" } else { "u-ben" };
     // TASKS tasks, each going through its share of the keys one at a time:
@@ -327,7 +326,7 @@ async fn killed_mid_batch(stall: Stall, workers: usize) {
     let conv = group(&db.store, "g-kill", &["u-ana", "u-ben"]).await;
     // Arbiter 0: the actor runs on this thread, so the 50 ops queued below
     // without yielding are all in its mailbox at its next poll: one batch.
-    let w = writer(db.store.clone(), Path::Actor, workers, ActorConfig::default(), 0);
+    let w = writer(db.store.clone(), actor_path(workers, 0));
     w.write(conv.clone(), send_op("u-ana", "warm", text("warm"))).await.expect("warm-up send");
     let watcher = db.client().await;
     let holder = db.client().await;
@@ -436,12 +435,11 @@ async fn killed_mid_batch(stall: Stall, workers: usize) {
 
 async fn overload_sheds(workers: usize) {
     const N: usize = 1_000;
-    let config = ActorConfig { max_queue: 32, mailbox_capacity: 16, ..ActorConfig::default() };
     let db = TestDb::with_pool(8).await;
     let conv = group(&db.store, "g-flood", &["u-ana", "u-ben"]).await;
     // The actor on an arbiter of its own: it drains its mailbox into its queue
     // while the flood goes on, so both bounds are met.
-    let w = writer(db.store.clone(), Path::Actor, workers, config, 1);
+    let w = writer(db.store.clone(), WriteSettings { max_queue: 32, actor_mailbox: 16, ..actor_path(workers, 1) });
     w.write(conv.clone(), send_op("u-ana", "warm", text("warm"))).await.expect("warm-up send");
     let watcher = db.client().await;
     let holder = db.client().await;
@@ -528,11 +526,10 @@ async fn overload_sheds(workers: usize) {
 async fn eviction_races(workers: usize) {
     const TASKS: usize = 4;
     const ROUNDS: usize = 200;
-    let config = ActorConfig { idle_timeout: Duration::from_millis(5), ..ActorConfig::default() };
     let db = TestDb::with_pool(8).await;
     let users = ["u-ana", "u-t0", "u-t1", "u-t2", "u-t3"];
     let conv = group(&db.store, "g-idle", &users).await;
-    let w = writer(db.store.clone(), Path::Actor, workers, config, 2);
+    let w = writer(db.store.clone(), WriteSettings { actor_idle_ms: 5, ..actor_path(workers, 2) });
     let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
             let (w, conv) = (w.clone(), conv.clone());
@@ -627,9 +624,9 @@ async fn the_commit_stage_merges_many_conversations_without_deadlock_beside_a_di
         convs.extend(created);
     }
     let convs = Arc::new(convs);
-    let actor = writer(db.store.clone(), Path::Actor, 2, ActorConfig::default(), 2);
+    let actor = writer(db.store.clone(), actor_path(2, 2));
     let direct_store = Store::connect(&db.url, 8).await.expect("direct store");
-    let direct = writer(direct_store, Path::Direct, 0, ActorConfig::default(), 0);
+    let direct = writer(direct_store, WriteSettings { arbiters: 0, ..WriteSettings::on(Path::Direct) });
 
     let deadline = Instant::now() + RUN;
     let spawn_sender = |w: Writer, user: &'static str, prefix: String, pick: Box<dyn Fn(usize) -> usize>| {

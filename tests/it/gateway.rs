@@ -232,8 +232,8 @@ async fn a_replaced_connection_is_kicked_and_its_late_close_keeps_the_new_route(
 #[actix_web::test]
 async fn a_silent_connection_is_closed_and_a_live_one_is_not() {
     let s = TestServer::with(|c| {
-        c.ws_ping_ms = 100;
-        c.ws_timeout_ms = 400;
+        c.ws.ping_ms = 100;
+        c.ws.timeout_ms = 400;
     })
     .await;
     let ana = s.user("u-ana").await;
