@@ -281,7 +281,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
                     conv_id: info.conv_id.clone(),
                     events: created.events,
                     head: info.head,
-                    members_before: None,
+                    members_before: Arc::default(),
                     delivery_mode: info.delivery_mode,
                 });
             }

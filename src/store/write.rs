@@ -1,5 +1,5 @@
 //! The write transaction: a batch of one conversation's ops under its row lock
-//! (seed 000 §4.2, ARCHITECTURE §3). The `direct` write path runs it with one op.
+//! (ARCHITECTURE §3). The `direct` write path runs it with one op.
 //!
 //! Round trips: lock; one replay + tombstone lookup for every request key of the
 //! batch; member rows only for users the cache lacks; membership changes, if
@@ -81,10 +81,9 @@ pub struct Appended {
     pub events: Vec<Event>,
     /// The conversation's head after the batch.
     pub head: i64,
-    /// The complete member map before the batch (actor path; `None` on the
-    /// direct path): replaying the batch's join/leave events on it gives who
-    /// sees each event.
-    pub members_before: Option<Arc<MemberMap>>,
+    /// The complete member map before the batch: replaying the batch's
+    /// join/leave events on it gives who sees each event.
+    pub members_before: Arc<MemberMap>,
     pub delivery_mode: DeliveryMode,
 }
 
@@ -93,28 +92,12 @@ pub type MemberMap = HashMap<UserId, MemberState>;
 
 /// What a conversation actor keeps between batches: the whole member map, valid
 /// while `member_version` matches the locked row (every membership, role or
-/// mute change bumps it). A stale or empty cache costs a reload inside the same
-/// transaction, never a wrong answer. The `direct` path keeps nothing and looks
-/// up only the users its op names.
-#[derive(Debug, Clone)]
+/// mute change bumps it). A stale or empty (`Default`) cache costs a reload
+/// inside the same transaction, never a wrong answer.
+#[derive(Debug, Clone, Default)]
 pub struct ConvCache {
-    complete: bool,
     member_version: Option<i64>,
     members: Arc<MemberMap>,
-}
-
-impl Default for ConvCache {
-    /// The actor path's cache: the complete member map, loaded on first use.
-    fn default() -> Self {
-        Self { complete: true, member_version: None, members: Arc::default() }
-    }
-}
-
-impl ConvCache {
-    /// No cache: each transaction looks up just the users it needs.
-    pub fn per_op() -> Self {
-        Self { complete: false, ..Self::default() }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,11 +144,6 @@ SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.re
  WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
 
 const LOAD_MEMBERS: &str = "SELECT conv_id, user_id, role, mute_until FROM members WHERE conv_id = ANY($1::text[])";
-
-const LOOKUP_MEMBERS: &str = "
-SELECT m.conv_id, m.user_id, m.role, m.mute_until
-  FROM unnest($1::text[], $2::text[]) AS q(conv, u)
-  JOIN members m ON m.conv_id = q.conv AND m.user_id = q.u";
 
 const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::text[])";
 
@@ -249,20 +227,6 @@ impl Store {
         phase.end("commit");
         Ok(written.into_iter().zip(jobs.into_iter().map(|j| j.cache)).collect())
     }
-
-    /// The current members of a conversation.
-    pub async fn member_map(&self, conv: &ConvId) -> Result<MemberMap, StoreError> {
-        let conn = self.pool.get().await?;
-        let rows = conn.query_typed(LOAD_MEMBERS, &[(&vec![conv.as_str()], Type::TEXT_ARRAY)]).await?;
-        Ok(member_rows(&rows).remove(conv).unwrap_or_default())
-    }
-
-    /// The `direct` write path: one op, one transaction, no cache.
-    pub async fn write(&self, conv: &ConvId, op: WriteOp) -> Result<(Written, WrittenBatch), StoreError> {
-        let (mut batch, _) = self.write_batch(conv, ConvCache::per_op(), std::slice::from_ref(&op)).await?;
-        let outcome = batch.outcomes.pop().unwrap_or(Err(Rejection::NotMember));
-        Ok((outcome?, batch))
-    }
 }
 
 /// Applies one conversation's `ops` inside `tx`, which the caller commits.
@@ -302,14 +266,14 @@ async fn apply_batches(
                 conv_id: job.conv.clone(),
                 events: vec![],
                 head: 0,
-                members_before: None,
+                members_before: Arc::default(),
                 delivery_mode: DeliveryMode::Push,
             };
             written.push(WrittenBatch { outcomes, appended });
             continue;
         };
         let cache = &mut job.cache;
-        let members_before = cache.complete.then(|| cache.members.clone());
+        let members_before = cache.members.clone();
         let mut b = BatchBuilder::new(&job.conv, row);
         let mut outcomes = Vec::with_capacity(job.ops.len());
         for op in &job.ops {
@@ -425,40 +389,26 @@ async fn lookup_request_keys(
     Ok(prior)
 }
 
-/// Makes each job's cache cover what it needs: the complete member map when
-/// it is stale or empty (actor path), else just the users its ops name.
+/// Reloads the member map of each job whose cache is stale or empty.
 async fn load_members(
     tx: &Transaction<'_>,
     jobs: &mut [BatchJob],
     rows: &HashMap<ConvId, ConvRow>,
 ) -> Result<(), StoreError> {
-    let mut reload: Vec<&str> = vec![];
-    let (mut convs, mut users): (Vec<&str>, Vec<&str>) = (vec![], vec![]);
-    for job in jobs.iter() {
-        let Some(row) = rows.get(&job.conv) else { continue };
-        if !job.cache.complete {
-            for op in &job.ops {
-                convs.push(job.conv.as_str());
-                users.push(op.user().as_str());
-            }
-        } else if job.cache.member_version != Some(row.member_version) {
-            reload.push(job.conv.as_str());
-        }
+    // The row's version where the job's cache does not have it.
+    let stale = |job: &BatchJob| {
+        rows.get(&job.conv).map(|row| row.member_version).filter(|&v| job.cache.member_version != Some(v))
+    };
+    let reload: Vec<&str> = jobs.iter().filter(|j| stale(j).is_some()).map(|j| j.conv.as_str()).collect();
+    if reload.is_empty() {
+        return Ok(());
     }
-    let mut loaded = HashMap::new();
-    if !reload.is_empty() {
-        let found = tx.query_typed(LOAD_MEMBERS, &[(&reload, Type::TEXT_ARRAY)]).await?;
-        loaded.extend(member_rows(&found));
-    }
-    if !users.is_empty() {
-        let found = tx.query_typed(LOOKUP_MEMBERS, &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY)]).await?;
-        loaded.extend(member_rows(&found));
-    }
+    let found = tx.query_typed(LOAD_MEMBERS, &[(&reload, Type::TEXT_ARRAY)]).await?;
+    let mut loaded = member_rows(&found);
     for job in jobs.iter_mut() {
-        let Some(row) = rows.get(&job.conv) else { continue };
-        if !job.cache.complete || job.cache.member_version != Some(row.member_version) {
+        if let Some(version) = stale(job) {
             job.cache.members = Arc::new(loaded.remove(&job.conv).unwrap_or_default());
-            job.cache.member_version = Some(row.member_version);
+            job.cache.member_version = Some(version);
         }
     }
     Ok(())
@@ -489,17 +439,6 @@ async fn lookup_joiners(tx: &Transaction<'_>, jobs: &[BatchJob]) -> Result<HashS
     }
     let rows = tx.query_typed(LOOKUP_USERS, &[(&joiners, Type::TEXT_ARRAY)]).await?;
     Ok(rows.iter().filter_map(|r| UserId::parse(r.get(0)).ok()).collect())
-}
-
-impl WriteOp {
-    /// The user whose membership the op checks or changes.
-    fn user(&self) -> &UserId {
-        match self {
-            WriteOp::Send(s) => &s.sender,
-            WriteOp::Join(j) => &j.user,
-            WriteOp::Leave(l) => &l.user,
-        }
-    }
 }
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.

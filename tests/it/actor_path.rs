@@ -574,7 +574,7 @@ async fn eviction_races(workers: usize) {
     let stats = log_stats(&c, &conv).await;
     let started = match &w {
         Writer::Actor(hub) => hub.actors_started(),
-        Writer::Direct { .. } => 0,
+        Writer::Direct(_) => 0,
     };
     let pass = failures.is_empty()
         && out_of_order == 0

@@ -1,18 +1,23 @@
 //! The configurable write path: through the conversation's actor (batched,
-//! the default) or `direct` (one transaction per op — seed 000's design, kept
-//! as the baseline benchmarks compare against).
+//! the default) or [`direct`] (one transaction per op — the baseline
+//! benchmarks compare against). Either hands delivery the same thing: each
+//! conversation's committed batches, in seq order, with the members before.
+
+mod direct;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use imcore_actors::conversation::WriteError;
 use imcore_actors::hub::Hub;
-use imcore_actors::{ConvId, Fanout};
+use imcore_actors::ConvId;
 
 use crate::config::{EngineSettings, WritePath, WriteSettings};
 use crate::delivery::{Delivery, Routes};
 use crate::domain::Rejection;
 use crate::store::{Store, StoreError, WriteOp, Written};
+
+pub use direct::DirectWriter;
 
 /// Why a write did not append.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,7 +61,7 @@ impl Engine {
     /// Starts the delivery lanes, the commit stage and the conversation
     /// actors' arbiters. Must run inside an actix `System`.
     pub fn start(store: Store, settings: &EngineSettings) -> Self {
-        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone(), &settings.delivery));
+        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), &settings.delivery));
         let writer = Writer::start(store, delivery.clone(), &settings.write);
         Self { writer, delivery }
     }
@@ -65,7 +70,7 @@ impl Engine {
 #[derive(Clone)]
 pub enum Writer {
     Actor(Arc<ConversationHub>),
-    Direct { store: Store, delivery: Arc<Delivery> },
+    Direct(Arc<DirectWriter>),
 }
 
 impl Writer {
@@ -75,14 +80,14 @@ impl Writer {
                 let store = store.with_commit_stage(settings.commit_workers, settings.commit_max_ops);
                 Writer::Actor(Hub::new(Arc::new(store), delivery, settings.hub_config()))
             }
-            WritePath::Direct => Writer::Direct { store, delivery },
+            WritePath::Direct => Writer::Direct(Arc::new(DirectWriter::new(store, delivery))),
         }
     }
 
     pub fn path(&self) -> WritePath {
         match self {
             Writer::Actor(_) => WritePath::Actor,
-            Writer::Direct { .. } => WritePath::Direct,
+            Writer::Direct(_) => WritePath::Direct,
         }
     }
 
@@ -92,9 +97,7 @@ impl Writer {
     pub fn write(&self, conv: ConvId, op: WriteOp) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
         let queued = match self {
             Writer::Actor(hub) => Queued::Actor(hub.enqueue(conv, op)),
-            Writer::Direct { store, delivery } => {
-                Queued::Direct { store: store.clone(), delivery: delivery.clone(), conv, op }
-            }
+            Writer::Direct(direct) => Queued::Direct { direct: direct.clone(), conv, op },
         };
         async move {
             match queued {
@@ -103,11 +106,7 @@ impl Writer {
                     Err(WriteError::Overloaded) => Err(WriteFailure::Overloaded),
                     Err(WriteError::Internal(m)) => Err(WriteFailure::Internal(m)),
                 },
-                Queued::Direct { store, delivery, conv, op } => {
-                    let (written, batch) = store.write(&conv, op).await?;
-                    delivery.deliver(&conv, batch.appended);
-                    Ok(written)
-                }
+                Queued::Direct { direct, conv, op } => direct.write(conv, op).await,
             }
         }
     }
@@ -122,5 +121,5 @@ impl Writer {
 
 enum Queued<F> {
     Actor(F),
-    Direct { store: Store, delivery: Arc<Delivery>, conv: ConvId, op: WriteOp },
+    Direct { direct: Arc<DirectWriter>, conv: ConvId, op: WriteOp },
 }
