@@ -15,6 +15,7 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
 use imcore_actors::{ClientMsgId, ConvId, UserId};
 use serde_json::{json, Map, Value};
+use tracing::Instrument;
 
 use super::error::ApiError;
 use super::AppState;
@@ -71,6 +72,15 @@ impl Request {
             Request::Sync(_) => "sync",
             Request::Read { .. } => "read",
             Request::Ping => "ping",
+        }
+    }
+
+    /// The conversation the request is about, if one.
+    pub fn conv(&self) -> Option<&ConvId> {
+        match self {
+            Request::GetConversation { conv } | Request::Send { conv, .. } | Request::Read { conv, .. } => Some(conv),
+            Request::Sync(p) => Some(&p.conv),
+            Request::CreateConversation(_) | Request::Conversations { .. } | Request::Ping => None,
         }
     }
 
@@ -225,7 +235,8 @@ impl Reply {
 /// Runs `req` for `caller`. Not `async`: a `send` is queued on the writer
 /// before this returns, so a connection that dispatches its frames in arrival
 /// order gets its sends sequenced in that order (PROTOCOL §4, P6), while the
-/// answers are awaited concurrently.
+/// answers are awaited concurrently. Everything it logs, failures included,
+/// is in its span, which names the op, conversation, user and device.
 pub fn dispatch(
     state: &web::Data<AppState>,
     caller: &TokenOwner,
@@ -233,6 +244,15 @@ pub fn dispatch(
     transport: &'static str,
 ) -> LocalBoxFuture<'static, Result<Reply, ApiError>> {
     metrics().requests.with_label_values(&[req.op(), transport]).inc();
+    let span = tracing::info_span!(
+        "dispatch",
+        op = req.op(),
+        transport,
+        conv_id = req.conv().map(ConvId::as_str),
+        user_id = caller.user_id.as_str(),
+        device_id = caller.device_id.as_str(),
+    );
+    let _queueing = span.enter();
     let state = state.clone();
     let caller = caller.clone();
     match req {
@@ -256,9 +276,10 @@ pub fn dispatch(
                     }
                 }
             }
+            .instrument(span.clone())
             .boxed_local()
         }
-        other => async move { run(&state, &caller, other).await }.boxed_local(),
+        other => async move { run(&state, &caller, other).await }.instrument(span.clone()).boxed_local(),
     }
 }
 

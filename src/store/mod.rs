@@ -8,6 +8,7 @@
 mod accounts;
 mod commit_stage;
 mod conversations;
+mod error;
 mod inbox;
 mod migrate;
 mod port;
@@ -19,11 +20,11 @@ use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::NoTls;
 
 use crate::config::StoreSettings;
-use crate::domain::Rejection;
 
 pub use accounts::{DeviceToken, TokenOwner};
 use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
+pub use error::{ErrorClass, Report, StoreError};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
@@ -38,23 +39,6 @@ pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
 /// conversation row lock must never wait forever (seed 000 §8).
 const SESSION_OPTIONS: &str =
     "-c lock_timeout=5000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000";
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// A well-formed request refused by a rule; nothing changed.
-    #[error(transparent)]
-    Rejected(#[from] Rejection),
-    /// Shown with its SQLSTATE (never the server's text, which may carry data).
-    #[error("database error (SQLSTATE {})", .0.code().map_or("none", |c| c.code()))]
-    Db(#[from] tokio_postgres::Error),
-    #[error("database connection pool")]
-    Pool(#[from] bb8::RunError<tokio_postgres::Error>),
-    #[error("invalid DATABASE_URL: {0}")]
-    Config(String),
-    /// A transaction shared by several conversations' batches failed.
-    #[error("shared write transaction failed: {0}")]
-    Shared(String),
-}
 
 /// Handle to the database; cheap to clone.
 #[derive(Clone)]
@@ -73,7 +57,7 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, settings: &StoreSettings) -> Result<Self, StoreError> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Config(format!("{e}")))?;
+        let mut config: tokio_postgres::Config = url.parse().map_err(StoreError::InvalidUrl)?;
         if config.get_options().is_none() {
             config.options(SESSION_OPTIONS);
         }

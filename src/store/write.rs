@@ -209,7 +209,7 @@ impl Store {
     ) -> Result<(WrittenBatch, ConvCache), StoreError> {
         let job = BatchJob { conv: conv.clone(), cache, ops: ops.to_vec() };
         let mut done = self.write_batches(vec![job]).await?;
-        done.pop().ok_or_else(|| StoreError::Config("write batch returned nothing".into()))
+        done.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
     }
 
     /// Commits the batches of several conversations (distinct `conv`s) in one
@@ -239,7 +239,7 @@ pub(super) async fn apply_ops(
     let mut jobs = vec![BatchJob { conv: conv.clone(), cache: std::mem::take(cache), ops: ops.to_vec() }];
     let mut written = apply_batches(tx, &mut jobs, &mut Phase::start()).await?;
     *cache = std::mem::take(&mut jobs[0].cache);
-    written.pop().ok_or_else(|| StoreError::Config("write batch returned nothing".into()))
+    written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
 }
 
 /// Applies every job inside `tx`, which the caller commits. Checks run in the

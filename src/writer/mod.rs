@@ -5,6 +5,7 @@
 
 mod direct;
 
+use std::error::Error;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -20,7 +21,7 @@ use crate::store::{Store, StoreError, WriteOp, Written};
 pub use direct::DirectWriter;
 
 /// Why a write did not append.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum WriteFailure {
     /// Refused by a rule; nothing changed.
     #[error(transparent)]
@@ -29,18 +30,32 @@ pub enum WriteFailure {
     #[error("the conversation is overloaded")]
     Overloaded,
     /// May or may not have taken effect; a retry with the same key is safe.
-    #[error("internal error")]
-    Internal(String),
+    /// Shared: one failed transaction fails every op of its batches.
+    #[error("the write may or may not have taken effect")]
+    Internal(#[source] Arc<dyn Error + Send + Sync>),
 }
 
+impl WriteFailure {
+    pub fn internal(cause: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        WriteFailure::Internal(Arc::from(cause.into()))
+    }
+}
+
+/// Not logged here: the caller's edge logs a failure once, with its context.
 impl From<StoreError> for WriteFailure {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Rejected(r) => WriteFailure::Rejected(r),
-            other => {
-                tracing::warn!(error = ?other, "write failed");
-                WriteFailure::Internal(other.to_string())
-            }
+            other => WriteFailure::Internal(Arc::new(other)),
+        }
+    }
+}
+
+impl From<WriteError> for WriteFailure {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Overloaded => WriteFailure::Overloaded,
+            WriteError::Internal(cause) => WriteFailure::internal(cause),
         }
     }
 }
@@ -101,11 +116,7 @@ impl Writer {
         };
         async move {
             match queued {
-                Queued::Actor(reply) => match reply.await {
-                    Ok(outcome) => Ok(outcome?),
-                    Err(WriteError::Overloaded) => Err(WriteFailure::Overloaded),
-                    Err(WriteError::Internal(m)) => Err(WriteFailure::Internal(m)),
-                },
+                Queued::Actor(reply) => Ok(reply.await??),
                 Queued::Direct { direct, conv, op } => direct.write(conv, op).await,
             }
         }
