@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use futures_util::future::join_all;
-use imcore::config::WritePath;
-use imcore::delivery::{Delivery, Routes};
+use imcore::config::{EngineSettings, WritePath, WriteSettings};
 use imcore::domain::Body;
 use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
 use imcore::store::{CreateConversation, GroupSettings, SendOp, Store, WriteOp};
-use imcore::writer::Writer;
-use imcore_actors::conversation::ActorConfig;
+use imcore::writer::{Engine, Writer};
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use serde_json::json;
 
@@ -86,12 +84,9 @@ fn write_path(c: &mut Criterion) {
                 WritePath::Direct => "direct",
             };
             let (writer, conv) = system.block_on(async {
-                let store = match path {
-                    WritePath::Actor => fx.store.clone().with_commit_stage(2, 4096),
-                    WritePath::Direct => fx.store.clone(),
-                };
-                let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
-                let writer = Writer::new(path, store, delivery, ActorConfig::default(), 2);
+                let write = WriteSettings { arbiters: 2, ..WriteSettings::on(path) };
+                let writer =
+                    Engine::start(fx.store.clone(), &EngineSettings { write, ..EngineSettings::default() }).writer;
                 let conv = fx
                     .store
                     .create_conversation(&CreateConversation::Group {

@@ -1,11 +1,17 @@
 //! Configuration: flags and environment, one place, defaults that work.
+//!
+//! Settings are grouped by the part they size (store, write engine,
+//! delivery, WebSocket). Each group has one `Default`, which is where its
+//! numbers are written; the flags' defaults and [`Config::for_database`] read
+//! them from there.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 use imcore_actors::conversation::ActorConfig;
+use imcore_actors::hub::HubConfig;
 
 use crate::domain::DEFAULT_MAX_BODY_BYTES;
 
@@ -30,62 +36,25 @@ pub struct Config {
     pub listen: SocketAddr,
 
     /// Holds the embedded PostgreSQL (`pg/`) and the generated admin token.
-    #[arg(long, env = "IMCORE_DATA_DIR", default_value = "./var")]
+    #[arg(long, env = "IMCORE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
 
     /// Admin bearer token. Unset: generated once and kept in `<data_dir>/admin-token`.
     #[arg(long, env = "IMCORE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
-    /// Database connections in the pool.
-    #[arg(long, env = "IMCORE_POOL_SIZE", default_value_t = 16)]
-    pub pool_size: u32,
-
-    /// `actor` (batched, default) or `direct` (one transaction per op).
-    #[arg(long, env = "IMCORE_WRITE_PATH", value_enum, default_value_t = WritePath::Actor)]
-    pub write_path: WritePath,
+    #[command(flatten)]
+    pub store: StoreSettings,
 
     /// Largest message body, serialized compactly.
     #[arg(long, env = "IMCORE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
-    /// Most ops a conversation actor commits in one transaction.
-    #[arg(long, env = "IMCORE_MAX_BATCH", default_value_t = 1024)]
-    pub max_batch: usize,
+    #[command(flatten)]
+    pub engine: EngineSettings,
 
-    /// Ops queued per conversation behind the batch in flight; past it, `OVERLOADED`.
-    #[arg(long, env = "IMCORE_MAX_QUEUE", default_value_t = 8192)]
-    pub max_queue: usize,
-
-    /// A conversation actor idle this long (ms) stops; the next write starts a new one.
-    #[arg(long, env = "IMCORE_ACTOR_IDLE_MS", default_value_t = 60_000)]
-    pub actor_idle_ms: u64,
-
-    /// Workers of the commit stage, which merges the batches of several
-    /// conversations into one transaction (0: one transaction per batch).
-    #[arg(long, env = "IMCORE_COMMIT_WORKERS", default_value_t = 2)]
-    pub commit_workers: usize,
-
-    /// Most ops in one merged transaction of the commit stage.
-    #[arg(long, env = "IMCORE_COMMIT_MAX_OPS", default_value_t = 4096)]
-    pub commit_max_ops: usize,
-
-    /// Threads conversation actors run on.
-    #[arg(long, env = "IMCORE_ARBITERS", default_value_t = default_arbiters())]
-    pub arbiters: usize,
-
-    /// WebSocket: the server pings every this many ms.
-    #[arg(long, env = "IMCORE_WS_PING_MS", default_value_t = 15_000)]
-    pub ws_ping_ms: u64,
-
-    /// WebSocket: a connection silent (no frame, no pong) this many ms is closed.
-    /// Keep it a few ping intervals long.
-    #[arg(long, env = "IMCORE_WS_TIMEOUT_MS", default_value_t = 45_000)]
-    pub ws_timeout_ms: u64,
-
-    /// WebSocket: a frame (or reassembled message) over this many bytes closes the connection (1009).
-    #[arg(long, env = "IMCORE_WS_MAX_FRAME_BYTES", default_value_t = 64 * 1024)]
-    pub ws_max_frame_bytes: usize,
+    #[command(flatten)]
+    pub ws: WsSettings,
 
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "IMCORE_WORKERS", default_value_t = 0)]
@@ -96,53 +65,193 @@ pub struct Config {
     pub log: String,
 }
 
+const DEFAULT_DATA_DIR: &str = "./var";
+
 impl Config {
-    /// Defaults for embedding (tests, benchmarks): nothing read from the environment.
+    /// Defaults for embedding (tests, benchmarks): nothing read from the
+    /// environment, an ephemeral port, warnings only.
     pub fn for_database(url: String) -> Self {
         Self {
             database_url: Some(url),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            data_dir: PathBuf::from("./var"),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             admin_token: None,
-            pool_size: 16,
-            write_path: WritePath::Actor,
+            store: StoreSettings::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            max_batch: 1024,
-            max_queue: 8192,
-            actor_idle_ms: 60_000,
-            commit_workers: 2,
-            commit_max_ops: 4096,
-            arbiters: default_arbiters(),
-            ws_ping_ms: 15_000,
-            ws_timeout_ms: 45_000,
-            ws_max_frame_bytes: 64 * 1024,
+            engine: EngineSettings::default(),
+            ws: WsSettings::default(),
             workers: 0,
             log: "warn".into(),
         }
     }
+}
 
-    pub fn actor_config(&self) -> ActorConfig {
-        ActorConfig {
-            max_batch: self.max_batch,
-            max_queue: self.max_queue,
-            idle_timeout: Duration::from_millis(self.actor_idle_ms),
-            ..ActorConfig::default()
+/// The database connection pool.
+#[derive(Debug, Clone, Args)]
+pub struct StoreSettings {
+    /// Database connections in the pool.
+    #[arg(long, env = "IMCORE_POOL_SIZE", default_value_t = StoreSettings::default().pool_size)]
+    pub pool_size: u32,
+
+    /// A request waiting this many ms for a pooled connection fails.
+    #[arg(long, env = "IMCORE_POOL_TIMEOUT_MS", default_value_t = StoreSettings::default().pool_timeout_ms)]
+    pub pool_timeout_ms: u64,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self { pool_size: 16, pool_timeout_ms: 10_000 }
+    }
+}
+
+impl StoreSettings {
+    pub fn pool_timeout(&self) -> Duration {
+        Duration::from_millis(self.pool_timeout_ms.max(1))
+    }
+}
+
+/// Everything [`crate::writer::Engine::start`] builds: the write path and
+/// the delivery after it.
+#[derive(Debug, Clone, Default, Args)]
+pub struct EngineSettings {
+    #[command(flatten)]
+    pub write: WriteSettings,
+
+    #[command(flatten)]
+    pub delivery: DeliverySettings,
+}
+
+/// The write path: conversation actors and the commit stage behind them.
+/// The actor numbers default to the actors crate's own ([`ActorConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct WriteSettings {
+    /// `actor` (batched, default) or `direct` (one transaction per op).
+    #[arg(long = "write-path", value_name = "WRITE_PATH", env = "IMCORE_WRITE_PATH", value_enum, default_value_t = WriteSettings::default().path)]
+    pub path: WritePath,
+
+    /// Most ops a conversation actor commits in one transaction.
+    #[arg(long, env = "IMCORE_MAX_BATCH", default_value_t = WriteSettings::default().max_batch)]
+    pub max_batch: usize,
+
+    /// Ops queued per conversation behind the batch in flight; past it, `OVERLOADED`.
+    #[arg(long, env = "IMCORE_MAX_QUEUE", default_value_t = WriteSettings::default().max_queue)]
+    pub max_queue: usize,
+
+    /// Ops a conversation actor's mailbox buffers while its thread is busy; past it, `OVERLOADED`.
+    #[arg(long, env = "IMCORE_ACTOR_MAILBOX", default_value_t = WriteSettings::default().actor_mailbox)]
+    pub actor_mailbox: usize,
+
+    /// A conversation actor idle this long (ms) stops; the next write starts a new one.
+    #[arg(long, env = "IMCORE_ACTOR_IDLE_MS", default_value_t = WriteSettings::default().actor_idle_ms)]
+    pub actor_idle_ms: u64,
+
+    /// Workers of the commit stage, which merges the batches of several
+    /// conversations into one transaction (0: one transaction per batch).
+    #[arg(long, env = "IMCORE_COMMIT_WORKERS", default_value_t = WriteSettings::default().commit_workers)]
+    pub commit_workers: usize,
+
+    /// Most ops in one merged transaction of the commit stage.
+    #[arg(long, env = "IMCORE_COMMIT_MAX_OPS", default_value_t = WriteSettings::default().commit_max_ops)]
+    pub commit_max_ops: usize,
+
+    /// Threads conversation actors run on (0: the thread that starts the engine).
+    #[arg(long, env = "IMCORE_ARBITERS", default_value_t = WriteSettings::default().arbiters)]
+    pub arbiters: usize,
+}
+
+impl Default for WriteSettings {
+    fn default() -> Self {
+        let actor = ActorConfig::default();
+        Self {
+            path: WritePath::Actor,
+            max_batch: actor.max_batch,
+            max_queue: actor.max_queue,
+            actor_mailbox: actor.mailbox_capacity,
+            actor_idle_ms: u64::try_from(actor.idle_timeout.as_millis()).unwrap_or(u64::MAX),
+            commit_workers: 2,
+            commit_max_ops: 4096,
+            arbiters: HubConfig::default().arbiters,
         }
     }
 }
 
-impl Config {
-    pub fn ws_ping(&self) -> Duration {
-        Duration::from_millis(self.ws_ping_ms.max(1))
+impl WriteSettings {
+    /// These settings on `path`.
+    pub fn on(path: WritePath) -> Self {
+        Self { path, ..Self::default() }
     }
 
-    pub fn ws_timeout(&self) -> Duration {
-        Duration::from_millis(self.ws_timeout_ms.max(1))
+    pub fn hub_config(&self) -> HubConfig {
+        let actor = ActorConfig {
+            max_batch: self.max_batch,
+            max_queue: self.max_queue,
+            mailbox_capacity: self.actor_mailbox,
+            idle_timeout: Duration::from_millis(self.actor_idle_ms),
+        };
+        HubConfig { arbiters: self.arbiters, actor }
     }
 }
 
-fn default_arbiters() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// Fan-out after commit.
+#[derive(Debug, Clone, Args)]
+pub struct DeliverySettings {
+    /// Threads that fan committed events out to connections.
+    #[arg(long = "delivery-lanes", value_name = "LANES", env = "IMCORE_DELIVERY_LANES", default_value_t = DeliverySettings::default().lanes)]
+    pub lanes: usize,
+
+    /// Committed batches waiting per delivery thread; past it a batch's pushes
+    /// are dropped (counted; clients sync).
+    #[arg(long = "delivery-backlog", value_name = "BATCHES", env = "IMCORE_DELIVERY_BACKLOG", default_value_t = DeliverySettings::default().backlog)]
+    pub backlog: usize,
+}
+
+impl Default for DeliverySettings {
+    fn default() -> Self {
+        Self { lanes: 2, backlog: 4096 }
+    }
+}
+
+/// WebSocket sessions.
+#[derive(Debug, Clone, Args)]
+pub struct WsSettings {
+    /// WebSocket: the server pings every this many ms.
+    #[arg(long = "ws-ping-ms", value_name = "WS_PING_MS", env = "IMCORE_WS_PING_MS", default_value_t = WsSettings::default().ping_ms)]
+    pub ping_ms: u64,
+
+    /// WebSocket: a connection silent (no frame, no pong) this many ms is closed.
+    /// Keep it a few ping intervals long.
+    #[arg(long = "ws-timeout-ms", value_name = "WS_TIMEOUT_MS", env = "IMCORE_WS_TIMEOUT_MS", default_value_t = WsSettings::default().timeout_ms)]
+    pub timeout_ms: u64,
+
+    /// WebSocket: a frame (or reassembled message) over this many bytes closes the connection (1009).
+    #[arg(
+        long = "ws-max-frame-bytes",
+        value_name = "WS_MAX_FRAME_BYTES",
+        env = "IMCORE_WS_MAX_FRAME_BYTES",
+        default_value_t = WsSettings::default().max_frame_bytes
+    )]
+    pub max_frame_bytes: usize,
+
+    /// WebSocket: pushes queued for one connection; past it the connection is
+    /// closed (1013) and the client syncs.
+    #[arg(long = "ws-mailbox", value_name = "WS_MAILBOX", env = "IMCORE_WS_MAILBOX", default_value_t = WsSettings::default().mailbox)]
+    pub mailbox: usize,
+}
+
+impl Default for WsSettings {
+    fn default() -> Self {
+        Self { ping_ms: 15_000, timeout_ms: 45_000, max_frame_bytes: 64 * 1024, mailbox: 256 }
+    }
+}
+
+impl WsSettings {
+    pub fn ping(&self) -> Duration {
+        Duration::from_millis(self.ping_ms.max(1))
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.max(1))
+    }
 }
 
 /// How long graceful shutdown waits for in-flight work.

@@ -15,10 +15,11 @@ use actix::{Message, Recipient};
 use imcore_actors::registry::{ConnId, RouteRegistry};
 use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
 
+use crate::config::DeliverySettings;
 use crate::domain::{DeliveryMode, Event, EventKind};
 use crate::metrics::metrics;
 use crate::protocol::{encode_event, push_encoded_events, push_head};
-use crate::store::{Appended, MemberMap, Store};
+use crate::store::{Appended, MemberMap};
 
 /// What a connection is sent from outside its own request handling.
 #[derive(Debug, Clone, Message)]
@@ -109,63 +110,51 @@ impl Conn {
 
 pub type Routes = RouteRegistry<Conn>;
 
-/// Fan-out runs on a few delivery threads ("lanes"), never on a conversation
-/// actor's thread, so encoding and pushing a batch never delays the next
-/// batch's commit. Every lane sees every batch, in order, and serves the users
-/// that hash to it: a connection is always served by one lane, so it gets one
-/// conversation's events in seq order, and a big group's fan-out is spread
-/// over all lanes.
-const LANES: usize = 2;
-/// Batches waiting per lane; beyond it a batch's pushes are dropped (counted
-/// and logged): clients notice the gap and sync, the log is the truth.
-const LANE_CAPACITY: usize = 4096;
-
+/// Fan-out runs on a few delivery threads ("lanes", `DeliverySettings::lanes`),
+/// never on a conversation actor's thread, so encoding and pushing a batch
+/// never delays the next batch's commit. Every lane sees every batch, in
+/// order, and serves the users that hash to it: a connection is always served
+/// by one lane, so it gets one conversation's events in seq order, and a big
+/// group's fan-out is spread over all lanes. Past a lane's backlog a batch's
+/// pushes are dropped (counted and logged): clients notice the gap and sync,
+/// the log is the truth.
 pub struct Delivery {
     fan: Arc<FanOut>,
     lanes: Vec<SyncSender<Arc<Job>>>,
 }
 
-/// A committed batch and the members before it, shared by the lanes.
+/// A committed batch, shared by the lanes.
 struct Job {
     appended: Appended,
-    members: Arc<MemberMap>,
-    /// Direct path: ops of one conversation reach the lanes from concurrent
-    /// tasks, so an older event may come after a newer one; it is dropped
-    /// rather than pushed out of order (PROTOCOL §4), and clients sync.
-    unordered: bool,
     /// Every event as JSON, encoded once by whichever lane needs it first.
     encoded: OnceLock<Vec<String>>,
 }
 
+impl Job {
+    fn new(appended: Appended) -> Self {
+        Self { appended, encoded: OnceLock::new() }
+    }
+}
+
 struct FanOut {
     routes: Arc<Routes>,
-    store: Store,
+    lanes: usize,
 }
 
 impl Delivery {
-    pub fn new(routes: Arc<Routes>, store: Store) -> Self {
-        let fan = Arc::new(FanOut { routes, store });
-        let lanes = (0..LANES)
+    pub fn new(routes: Arc<Routes>, settings: &DeliverySettings) -> Self {
+        let lanes = settings.lanes.max(1);
+        let fan = Arc::new(FanOut { routes, lanes });
+        let lanes = (0..lanes)
             .map(|lane| {
-                let (sender, jobs) = sync_channel::<Arc<Job>>(LANE_CAPACITY);
+                let (sender, jobs) = sync_channel::<Arc<Job>>(settings.backlog);
                 let fan = fan.clone();
                 std::thread::Builder::new()
                     .name(format!("delivery-{lane}"))
                     .spawn(move || {
-                        // The highest seq pushed per conversation of unordered jobs.
-                        let mut pushed: HashMap<ConvId, i64> = HashMap::new();
                         // Ends when the `Delivery` (every sender) is dropped.
                         for job in jobs {
-                            let mut after = 0;
-                            if job.unordered {
-                                let last = pushed.entry(job.appended.conv_id.clone()).or_insert(0);
-                                after = *last;
-                                match job.appended.events.last() {
-                                    Some(e) if e.seq > after => *last = e.seq,
-                                    _ => continue,
-                                }
-                            }
-                            fan.fan_out(&job, Some(lane), after);
+                            fan.fan_out(&job, Some(lane));
                         }
                     })
                     .map(|_| sender)
@@ -184,9 +173,7 @@ impl Delivery {
     /// can exist yet, and a device connecting after the answer does not get
     /// them pushed (its sync has them).
     pub fn deliver_created(&self, appended: Appended) {
-        let members = Arc::new(MemberMap::new());
-        let job = Job { appended, members, unordered: false, encoded: OnceLock::new() };
-        self.fan.fan_out(&job, None, 0);
+        self.fan.fan_out(&Job::new(appended), None);
     }
 
     /// Sends `frame` to every live device of `user`.
@@ -204,11 +191,11 @@ impl FanOut {
         }
     }
 
-    /// Pushes the events of `job` after seq `after` to the members `lane`
-    /// serves (`None`: every member).
-    fn fan_out(&self, job: &Job, lane: Option<usize>, after: i64) {
-        let (a, before) = (&job.appended, &*job.members);
-        let mine = |user: &UserId| lane.map_or(true, |l| lane_of(user) == l);
+    /// Pushes the events of `job` to the members `lane` serves (`None`:
+    /// every member).
+    fn fan_out(&self, job: &Job, lane: Option<usize>) {
+        let (a, before) = (&job.appended, &*job.appended.members_before);
+        let mine = |user: &UserId| lane.map_or(true, |l| lane_of(user, self.lanes) == l);
         let conv = a.conv_id.as_str();
         if a.delivery_mode == DeliveryMode::Pull {
             let frame: Arc<str> = push_head(conv, a.head).into();
@@ -217,19 +204,18 @@ impl FanOut {
             }
             return;
         }
-        let fresh: Vec<usize> = (0..a.events.len()).filter(|&i| a.events[i].seq > after).collect();
+        let all: Vec<usize> = (0..a.events.len()).collect();
         let changes_membership =
             a.events.iter().any(|e| matches!(e.kind, EventKind::Join { .. } | EventKind::Leave { .. }));
         if !changes_membership {
-            self.send_events(job, &fresh, before.keys().filter(|u| mine(u)));
+            self.send_events(job, &all, before.keys().filter(|u| mine(u)));
             return;
         }
         // Who sees which event: replay the batch's joins and leaves (a joiner
         // sees from its join, a leaver up to and including its leave).
         let mut current: HashSet<&UserId> = before.keys().filter(|u| mine(u)).collect();
         let mut visible: HashMap<&UserId, Vec<usize>> = HashMap::new();
-        for &i in &fresh {
-            let e = &a.events[i];
+        for (i, e) in a.events.iter().enumerate() {
             if let EventKind::Join { subject, .. } = &e.kind {
                 if mine(subject) {
                     current.insert(subject);
@@ -307,9 +293,14 @@ fn members_after(a: &Appended, before: &MemberMap) -> Vec<UserId> {
     users.into_iter().collect()
 }
 
-impl Delivery {
-    fn enqueue(&self, appended: Appended, members: Arc<MemberMap>, unordered: bool) {
-        let job = Arc::new(Job { appended, members, unordered, encoded: OnceLock::new() });
+impl Fanout<Appended> for Delivery {
+    /// Batches of one conversation must come in seq order (one caller at a
+    /// time per conversation, as its actor is).
+    fn deliver(&self, _conv: &ConvId, appended: Appended) {
+        if appended.events.is_empty() {
+            return;
+        }
+        let job = Arc::new(Job::new(appended));
         for lane in &self.lanes {
             if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = lane.try_send(job.clone()) {
                 metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
@@ -319,32 +310,9 @@ impl Delivery {
     }
 }
 
-impl Fanout<Appended> for Delivery {
-    fn deliver(&self, _conv: &ConvId, appended: Appended) {
-        if appended.events.is_empty() {
-            return;
-        }
-        match appended.members_before.clone() {
-            Some(members) => self.enqueue(appended, members, false),
-            // The direct path keeps no member map: look the members up after
-            // commit, off the caller's path. A leaver of this very op misses
-            // the push of its own leave; its sync has it.
-            None => {
-                let (fan, lanes) = (self.fan.clone(), self.lanes.clone());
-                tokio::spawn(async move {
-                    match fan.store.member_map(&appended.conv_id).await {
-                        Ok(members) => Delivery { fan, lanes }.enqueue(appended, Arc::new(members), true),
-                        Err(e) => tracing::warn!(conv_id = %appended.conv_id, error = %e, "delivery skipped"),
-                    }
-                });
-            }
-        }
-    }
-}
-
-/// The lane that serves `user`'s connections.
-fn lane_of(user: &UserId) -> usize {
+/// The lane of `lanes` that serves `user`'s connections.
+fn lane_of(user: &UserId, lanes: usize) -> usize {
     use std::hash::{BuildHasher, RandomState};
     static SEED: LazyLock<RandomState> = LazyLock::new(RandomState::new);
-    (SEED.hash_one(user) % LANES as u64) as usize
+    (SEED.hash_one(user) % lanes as u64) as usize
 }

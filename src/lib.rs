@@ -7,9 +7,12 @@
 //!   join, leave under the conversation row locks, for one or several
 //!   conversations at once), `commit_stage` (merges conversations' batches into
 //!   one transaction), `sync`, `read`, `inbox`, `conversations`, `accounts`,
-//!   `migrate`; `port` makes the store the actors' `ConversationStore`.
+//!   `migrate`; `port` makes the store the actors' `ConversationStore`;
+//!   `error` classifies database failures by SQLSTATE, once.
 //! * [`writer`] — the configurable write path: `actor` (hub → conversation
-//!   actor → commit stage) or `direct` (one transaction per op, the baseline).
+//!   actor → commit stage) or `direct` (one transaction per op, the baseline);
+//!   `Engine::start` assembles it with delivery, for the server, the tests
+//!   and the benchmarks alike.
 //! * [`delivery`] — fan-out after commit through the route registry: frames
 //!   encoded once, bounded per-connection mailboxes, a slow device is closed.
 //! * [`protocol`] — wire shapes (events, conversations, pushes) and error codes.
@@ -21,6 +24,51 @@
 //!   builder (port 0 for tests), logs.
 //! * The concurrency core (conversation actors, hub, route registry) is the
 //!   `imcore-actors` crate.
+//!
+//! # Where each hop runs
+//! One WebSocket `send` on the actor path, with the commit stage (thread
+//! names as observed, `actix-rt|system:0|arbiter:N` shortened; each arbiter
+//! is a current-thread Tokio runtime, the delivery lanes are plain threads):
+//!
+//! ```text
+//!  thread                        hop
+//!  ────────────────────────────  ──────────────────────────────────────────────
+//!  HTTP worker (arbiter:N)       1 the session actor parses the frame;
+//!                                  ops::dispatch queues the op on the
+//!                                  conversation's actor (Hub::enqueue, try_send)
+//!                                  and awaits its reply
+//!         │ actix mailbox
+//!         ▼
+//!  actor arbiter (arbiter:M)     2 the conversation actor queues it; its batch
+//!                                  task (actix::spawn) hands the batch on
+//!         │ mpsc
+//!         ▼
+//!  System thread                 3 a commit-stage worker task commits the
+//!  (built the Application;         batches waiting in one transaction
+//!  "main" in the binary)
+//!         │ oneshot
+//!         ▼
+//!  actor arbiter (arbiter:M)     4 finish_batch answers every op (oneshot → 6)
+//!                                  and hands the batch to every lane (try_send)
+//!         │ sync_channel
+//!         ▼
+//!  delivery-0 … delivery-K       5 encode once; try_send Push::Frame to each
+//!                                  receiving device's session
+//!         │ actix mailbox
+//!         ▼
+//!  HTTP worker(s)                6 the sender's session writes the ack, each
+//!                                  receiver's session its push
+//! ```
+//!
+//! Nothing on an arbiter blocks: the gateway and the actors only `try_send`
+//! or await; fan-out (encoding, one push per device) is on the lanes, and a
+//! full lane or mailbox drops rather than waits. The exceptions are bounded
+//! CPU work on an HTTP worker: `deliver_created` fans a new conversation's
+//! events out before answering, and the `direct` path hands its batch to the
+//! lanes under a per-conversation map entry. With `commit_workers = 0` the
+//! batch task runs its own transaction on the actor's arbiter instead of the
+//! System thread. Log lines are written synchronously by whichever thread
+//! logs.
 //!
 //! # Invariants (ARCHITECTURE §2)
 //! P1 gapless seqs and P5 `next_seq = max + 1`: seqs are allocated from the

@@ -16,11 +16,10 @@ use rand::RngCore;
 use tokio::sync::Notify;
 
 use crate::config::{Config, SHUTDOWN_GRACE};
-use crate::delivery::{Delivery, Routes};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
 use crate::store::{Store, StoreError};
-use crate::writer::Writer;
+use crate::writer::Engine;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -50,7 +49,7 @@ impl Application {
                 (pg.url(DATABASE), Some(pg))
             }
         };
-        let store = Store::connect(&database_url, config.pool_size).await?;
+        let store = Store::connect_with(&database_url, &config.store).await?;
         let applied = store.migrate().await?;
         tracing::info!(applied, "schema is current");
         let admin_token = match &config.admin_token {
@@ -58,13 +57,10 @@ impl Application {
             None => admin_token_file(&config.data_dir)?,
         };
         let listener = TcpListener::bind(config.listen).map_err(|e| StartupError::Io("bind listener", e))?;
-        set_tcp_user_timeout(&listener, config.ws_timeout_ms)
+        set_tcp_user_timeout(&listener, config.ws.timeout_ms)
             .map_err(|e| StartupError::Io("set TCP_USER_TIMEOUT", e))?;
         let port = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?.port();
-        let store = store.with_commit_stage(config.commit_workers, config.commit_max_ops);
-        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
-        let writer =
-            Writer::new(config.write_path, store.clone(), delivery.clone(), config.actor_config(), config.arbiters);
+        let Engine { writer, delivery } = Engine::start(store.clone(), &config.engine);
         let workers = config.workers;
         let state = web::Data::new(AppState::new(store, writer, delivery, admin_token, Arc::new(config)));
         let app_state = state.clone();

@@ -2,6 +2,8 @@
 //! `{"error": {code, message}}` over HTTP, `{"id", "ok": false, "error"}` over
 //! WebSocket. Clients get the code and a clean message; logs get the cause.
 
+use std::error::Error;
+
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use imcore_actors::InvalidId;
@@ -10,7 +12,7 @@ use serde_json::json;
 use crate::domain::BodyError;
 use crate::metrics::metrics;
 use crate::protocol::{ErrorCode, WireError};
-use crate::store::StoreError;
+use crate::store::{ErrorClass, Report, StoreError};
 use crate::writer::WriteFailure;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +70,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Rejected(r) => Self(WireError::from(&r)),
             other => {
-                tracing::warn!(error = ?other, "request failed in the store");
+                log_failure(&other);
                 Self::internal()
             }
         }
@@ -83,11 +85,22 @@ impl From<WriteFailure> for ApiError {
                 Self::new(ErrorCode::Overloaded, "the conversation is overloaded; retry with the same client_msg_id")
             }
             WriteFailure::Internal(cause) => {
-                tracing::warn!(%cause, "write failed");
+                log_failure(&*cause);
                 Self::internal()
             }
         }
     }
+}
+
+/// The one log line of a failed request. Written inside the dispatch span, so
+/// it names the op, conversation, user and device; it gives the class and
+/// SQLSTATE of the store error behind it and the cause chain, never the
+/// database's own text (which may carry row contents).
+fn log_failure(e: &(dyn Error + 'static)) {
+    let store = std::iter::successors(Some(e), |&e| e.source()).find_map(|e| e.downcast_ref::<StoreError>());
+    let class = store.and_then(StoreError::class).map_or("unknown", ErrorClass::as_str);
+    let sqlstate = store.and_then(StoreError::sqlstate);
+    tracing::warn!(class, sqlstate, error = %Report(e), "request failed");
 }
 
 impl ResponseError for ApiError {
@@ -109,7 +122,7 @@ mod tests {
     #[test]
     fn inner_errors_map_to_protocol_codes() {
         assert_eq!(ApiError::from(WriteFailure::Overloaded).code(), ErrorCode::Overloaded);
-        assert!(!ApiError::from(WriteFailure::Internal("boom".into())).0.message.contains("boom"));
+        assert!(!ApiError::from(WriteFailure::internal("boom")).0.message.contains("boom"));
         assert_eq!(ApiError::from(WriteFailure::Rejected(Rejection::NotMember)).code(), ErrorCode::NotMember);
         let too_big = ApiError::from(BodyError::TooLarge { size: 20, max: 10 });
         assert_eq!(too_big.code(), ErrorCode::PayloadTooLarge);

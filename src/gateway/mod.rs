@@ -32,7 +32,6 @@ use dashmap::DashMap;
 use imcore_actors::registry::ConnId;
 
 pub use error::ApiError;
-pub use session::MAILBOX_CAPACITY;
 
 use crate::config::Config;
 use crate::delivery::{Delivery, Push};

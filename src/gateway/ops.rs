@@ -15,6 +15,7 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
 use imcore_actors::{ClientMsgId, ConvId, UserId};
 use serde_json::{json, Map, Value};
+use tracing::Instrument;
 
 use super::error::ApiError;
 use super::AppState;
@@ -23,7 +24,7 @@ use crate::metrics::{metrics, observe_send};
 use crate::protocol::{conversation_json, event_json, push_read, send_ack_json};
 use crate::store::{
     Appended, CreateConversation, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
-    INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_MAX_LIMIT,
+    INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
 
 /// Longest group name accepted.
@@ -74,6 +75,15 @@ impl Request {
         }
     }
 
+    /// The conversation the request is about, if one.
+    pub fn conv(&self) -> Option<&ConvId> {
+        match self {
+            Request::GetConversation { conv } | Request::Send { conv, .. } | Request::Read { conv, .. } => Some(conv),
+            Request::Sync(p) => Some(&p.conv),
+            Request::CreateConversation(_) | Request::Conversations { .. } | Request::Ping => None,
+        }
+    }
+
     /// Parses `op` with its fields. Unknown op, missing or malformed field →
     /// `BAD_REQUEST`; a body over `max_body_bytes` → `PAYLOAD_TOO_LARGE`.
     pub fn parse(op: &str, fields: &Map<String, Value>, max_body_bytes: usize) -> Result<Self, ApiError> {
@@ -102,7 +112,7 @@ impl Request {
                     after_seq,
                     before_seq,
                     // Over the maximum is clamped (PROTOCOL: "max 1000"); below 1 is refused.
-                    limit: f.int_in("limit", 1, i64::MAX)?.map_or(100, |l| l.min(SYNC_MAX_LIMIT)),
+                    limit: f.int_in("limit", 1, i64::MAX)?.map_or(SYNC_DEFAULT_LIMIT, |l| l.min(SYNC_MAX_LIMIT)),
                     epoch: f.int_in("epoch", 1, i32::MAX.into())?.map(|e| e as i32),
                 })
             }
@@ -225,7 +235,8 @@ impl Reply {
 /// Runs `req` for `caller`. Not `async`: a `send` is queued on the writer
 /// before this returns, so a connection that dispatches its frames in arrival
 /// order gets its sends sequenced in that order (PROTOCOL §4, P6), while the
-/// answers are awaited concurrently.
+/// answers are awaited concurrently. Everything it logs, failures included,
+/// is in its span, which names the op, conversation, user and device.
 pub fn dispatch(
     state: &web::Data<AppState>,
     caller: &TokenOwner,
@@ -233,6 +244,15 @@ pub fn dispatch(
     transport: &'static str,
 ) -> LocalBoxFuture<'static, Result<Reply, ApiError>> {
     metrics().requests.with_label_values(&[req.op(), transport]).inc();
+    let span = tracing::info_span!(
+        "dispatch",
+        op = req.op(),
+        transport,
+        conv_id = req.conv().map(ConvId::as_str),
+        user_id = caller.user_id.as_str(),
+        device_id = caller.device_id.as_str(),
+    );
+    let _queueing = span.enter();
     let state = state.clone();
     let caller = caller.clone();
     match req {
@@ -256,9 +276,10 @@ pub fn dispatch(
                     }
                 }
             }
+            .instrument(span.clone())
             .boxed_local()
         }
-        other => async move { run(&state, &caller, other).await }.boxed_local(),
+        other => async move { run(&state, &caller, other).await }.instrument(span.clone()).boxed_local(),
     }
 }
 
@@ -281,7 +302,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
                     conv_id: info.conv_id.clone(),
                     events: created.events,
                     head: info.head,
-                    members_before: None,
+                    members_before: Arc::default(),
                     delivery_mode: info.delivery_mode,
                 });
             }

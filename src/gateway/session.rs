@@ -11,7 +11,7 @@
 //!   registration closes this one) and removed by compare-and-remove when it
 //!   stops.
 //! * Outbound: pushes arrive as [`Push`] in the actor's mailbox, bounded at
-//!   [`MAILBOX_CAPACITY`]; `Conn::send` uses `try_send`, and an overflow closes
+//!   `ws.mailbox` (`IMCORE_WS_MAILBOX`); `Conn::send` uses `try_send`, and an overflow closes
 //!   the connection with 1013 (the client reconnects and syncs). Between the
 //!   mailbox and the socket, actix-http stops polling this actor while its write
 //!   buffer is over its size limit, so a client that does not read backs the
@@ -41,9 +41,6 @@ use crate::metrics::metrics;
 use crate::protocol::{push_kicked, ErrorCode};
 use crate::store::TokenOwner;
 
-/// Pushes queued for one connection before it counts as overflowed.
-pub const MAILBOX_CAPACITY: usize = 256;
-
 /// `GET /v1/ws`: authenticates before upgrading (401 otherwise).
 pub async fn upgrade(
     req: HttpRequest,
@@ -57,7 +54,7 @@ pub async fn upgrade(
     if state.shutting_down() {
         return Err(ApiError::new(ErrorCode::Overloaded, "the server is shutting down").into());
     }
-    let max_frame = state.config.ws_max_frame_bytes;
+    let max_frame = state.config.ws.max_frame_bytes;
     let oversized = Rc::new(Cell::new(false));
     let stream = FrameLimit::new(stream, max_frame, oversized.clone());
     let session = WsSession {
@@ -99,7 +96,7 @@ impl Actor for WsSession {
     type Context = ws::WebsocketContext<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
+        ctx.set_mailbox_capacity(self.state.config.ws.mailbox);
         let recipient = ctx.address().recipient::<Push>();
         self.state.sessions.insert(self.conn_id, recipient.clone());
         let routes = self.state.delivery.routes();
@@ -125,7 +122,7 @@ impl Actor for WsSession {
             return;
         }
         self.recheck_token(ctx);
-        let (every, timeout) = (self.state.config.ws_ping(), self.state.config.ws_timeout());
+        let (every, timeout) = (self.state.config.ws.ping(), self.state.config.ws.timeout());
         ctx.run_interval(every, move |act, ctx| {
             if act.last_heard.elapsed() >= timeout {
                 tracing::debug!(conn = %act.conn_id, "heartbeat timeout");
@@ -241,7 +238,7 @@ impl WsSession {
 impl StreamHandler<Result<ws::Message, ProtocolError>> for WsSession {
     fn handle(&mut self, msg: Result<ws::Message, ProtocolError>, ctx: &mut Self::Context) {
         self.last_heard = Instant::now();
-        let max = self.state.config.ws_max_frame_bytes;
+        let max = self.state.config.ws.max_frame_bytes;
         match msg {
             Ok(ws::Message::Text(text)) => self.on_text(&text, ctx),
             Ok(ws::Message::Binary(_)) => {

@@ -41,8 +41,9 @@ impl CommitStage {
 
     pub async fn commit(&self, job: BatchJob) -> Result<(WrittenBatch, ConvCache), StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.sender.send(Pending { job, reply }).map_err(|_| StoreError::Shared("commit stage stopped".into()))?;
-        answer.await.map_err(|_| StoreError::Shared("commit stage dropped the batch".into()))?
+        // Workers run until every sender is gone, and this stage is one.
+        self.sender.send(Pending { job, reply }).map_err(|_| StoreError::Invariant("commit stage stopped"))?;
+        answer.await.map_err(|_| StoreError::Invariant("commit stage dropped a batch"))?
     }
 }
 
@@ -73,7 +74,11 @@ async fn work(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver<Pending>
     }
 }
 
+/// Commits one merged transaction and answers each batch of it. A failure is
+/// not logged here: each batch's caller gets it (shared) and the edge logs it.
+#[tracing::instrument(name = "merged_commit", skip_all, fields(batches = round.len(), ops))]
 async fn commit_round(store: &Store, round: Vec<Pending>) {
+    tracing::Span::current().record("ops", round.iter().map(|p| p.job.ops.len()).sum::<usize>());
     let (jobs, replies): (Vec<BatchJob>, Vec<Reply>) = round.into_iter().map(|p| (p.job, p.reply)).unzip();
     match store.write_batches(jobs).await {
         Ok(done) => {
@@ -82,10 +87,9 @@ async fn commit_round(store: &Store, round: Vec<Pending>) {
             }
         }
         Err(e) => {
-            tracing::warn!(error = ?e, batches = replies.len(), "merged write transaction failed");
-            let message = e.to_string();
+            let shared = Arc::new(e);
             for reply in replies {
-                let _ = reply.send(Err(StoreError::Shared(message.clone())));
+                let _ = reply.send(Err(StoreError::Merged(shared.clone())));
             }
         }
     }

@@ -8,6 +8,7 @@
 mod accounts;
 mod commit_stage;
 mod conversations;
+mod error;
 mod inbox;
 mod migrate;
 mod port;
@@ -15,19 +16,18 @@ mod read;
 mod sync;
 mod write;
 
-use std::time::Duration;
-
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::NoTls;
 
-use crate::domain::Rejection;
+use crate::config::StoreSettings;
 
 pub use accounts::{DeviceToken, TokenOwner};
 use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
+pub use error::{ErrorClass, Report, StoreError};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
-pub use sync::{SyncPage, SyncRequest, SYNC_FORWARD, SYNC_MAX_LIMIT};
+pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
     Appended, BatchJob, ConvCache, JoinOp, LeaveOp, MemberMap, MemberState, SendAck, SendOp, WriteOp, WriteOutcome,
     Written, WrittenBatch,
@@ -40,23 +40,6 @@ pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
 const SESSION_OPTIONS: &str =
     "-c lock_timeout=5000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000";
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// A well-formed request refused by a rule; nothing changed.
-    #[error(transparent)]
-    Rejected(#[from] Rejection),
-    /// Shown with its SQLSTATE (never the server's text, which may carry data).
-    #[error("database error (SQLSTATE {})", .0.code().map_or("none", |c| c.code()))]
-    Db(#[from] tokio_postgres::Error),
-    #[error("database connection pool")]
-    Pool(#[from] bb8::RunError<tokio_postgres::Error>),
-    #[error("invalid DATABASE_URL: {0}")]
-    Config(String),
-    /// A transaction shared by several conversations' batches failed.
-    #[error("shared write transaction failed: {0}")]
-    Shared(String),
-}
-
 /// Handle to the database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -67,8 +50,14 @@ pub struct Store {
 }
 
 impl Store {
+    /// A pool of `pool_size` connections, other settings at their defaults
+    /// (tests, tools).
     pub async fn connect(url: &str, pool_size: u32) -> Result<Self, StoreError> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Config(format!("{e}")))?;
+        Self::connect_with(url, &StoreSettings { pool_size, ..StoreSettings::default() }).await
+    }
+
+    pub async fn connect_with(url: &str, settings: &StoreSettings) -> Result<Self, StoreError> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(StoreError::InvalidUrl)?;
         if config.get_options().is_none() {
             config.options(SESSION_OPTIONS);
         }
@@ -77,8 +66,8 @@ impl Store {
         }
         let manager = PostgresConnectionManager::new(config, NoTls);
         let pool = bb8::Pool::builder()
-            .max_size(pool_size)
-            .connection_timeout(Duration::from_secs(10))
+            .max_size(settings.pool_size)
+            .connection_timeout(settings.pool_timeout())
             // A validation round trip per checkout (~0.3 ms a transaction):
             // without it a connection whose backend was just terminated can go
             // back to the pool before the client sees the close, and fail the

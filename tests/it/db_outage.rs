@@ -126,7 +126,7 @@ async fn while_postgresql_is_down_writes_fail_fast_and_readyz_says_so_then_every
     let pg_port = pg.port();
     let mut config = Config::for_database(pg.url(DATABASE));
     config.admin_token = Some(ADMIN.into());
-    (config.arbiters, config.workers, config.pool_size) = (1, 1, 4);
+    (config.engine.write.arbiters, config.workers, config.store.pool_size) = (1, 1, 4);
     let app = Application::build(config).await.expect("build the server");
     let port = app.port();
     let trigger = app.shutdown_trigger();

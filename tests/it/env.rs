@@ -1,7 +1,5 @@
 //! What a check runs against: a fresh database and one write path.
 
-use std::sync::Arc;
-
 /// One `#[actix_web::test]` per check on one write path:
 /// `on_path!(module, Path::X, [check, …])` calls `check(Path::X)`.
 macro_rules! on_path {
@@ -17,13 +15,12 @@ macro_rules! on_path {
     };
 }
 
-use imcore::delivery::{Delivery, Routes};
+use imcore::config::{EngineSettings, WriteSettings};
 use imcore::domain::{Body, Rejection};
 use imcore::store::{
     CreateConversation, GroupSettings, SendAck, SendOp, Store, StoreError, SyncPage, SyncRequest, WriteOp, Written,
 };
-use imcore::writer::{WriteFailure, Writer};
-use imcore_actors::conversation::ActorConfig;
+use imcore::writer::{Engine, WriteFailure, Writer};
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use serde_json::json;
 
@@ -85,8 +82,9 @@ impl Env {
 
     pub async fn with_pool(path: Path, pool: u32) -> Self {
         let db = TestDb::with_pool(pool).await;
-        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), db.store.clone()));
-        let writer = Writer::new(path, db.store.clone(), delivery, ActorConfig::default(), 2);
+        // The server's engine, commit stage included, on two arbiters.
+        let write = WriteSettings { arbiters: 2, ..WriteSettings::on(path) };
+        let writer = Engine::start(db.store.clone(), &EngineSettings { write, ..EngineSettings::default() }).writer;
         Self { db, writer }
     }
 

@@ -267,8 +267,8 @@ async fn a_silent_connection_is_closed_and_a_live_one_is_not() {
          that answers pings stays open for twice the timeout",
     );
     let s = TestServer::with(|c| {
-        c.ws_ping_ms = PING_MS;
-        c.ws_timeout_ms = TIMEOUT_MS;
+        c.ws.ping_ms = PING_MS;
+        c.ws.timeout_ms = TIMEOUT_MS;
     })
     .await;
     let ana = s.user("u-ana").await;

@@ -8,7 +8,7 @@ use futures_util::future::join_all;
 use serde_json::{json, Value};
 
 use imcore::domain::{LeaveReason, Role};
-use imcore::store::{CreateConversation, GroupSettings, JoinOp, LeaveOp, Store, WriteOp};
+use imcore::store::{ConvCache, CreateConversation, GroupSettings, JoinOp, LeaveOp, Store, WriteOp};
 
 use crate::env::{cid, send_op, text, uid};
 use crate::evidence::Check;
@@ -60,7 +60,7 @@ async fn arrange_periods(store: &Store, conv: &str) {
             15 => leave(),
             _ => send_op("u-ana", &format!("m{seq}"), text("x")),
         };
-        store.write(&conv, op).await.unwrap_or_else(|e| panic!("write {seq}: {e:?}"));
+        store.write_batch(&conv, ConvCache::default(), &[op]).await.unwrap_or_else(|e| panic!("write {seq}: {e:?}"));
     }
 }
 

@@ -73,7 +73,7 @@ async fn order_under_concurrent_senders(path: Path) {
          final marker has reached it, its pushes, its own acks and a sync of the gaps it detected cover every \
          seq exactly (own messages are never pushed back)",
     );
-    let s = TestServer::with(|c| c.write_path = path).await;
+    let s = TestServer::with(|c| c.engine.write.path = path).await;
     let names: Vec<String> = (0..SENDERS + LISTENERS).map(|i| format!("u-o{i}")).collect();
     let mut tokens = vec![];
     for n in &names {

@@ -32,9 +32,9 @@ impl TestServer {
         let db = TestDb::with_pool(4).await;
         let mut config = Config::for_database(db.url.clone());
         config.admin_token = Some(ADMIN.into());
-        config.arbiters = 1;
+        config.engine.write.arbiters = 1;
         config.workers = 1;
-        config.pool_size = 8;
+        config.store.pool_size = 8;
         tweak(&mut config);
         let app = Application::build(config).await.expect("build the server");
         let (port, trigger) = (app.port(), app.shutdown_trigger());

@@ -11,14 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use imcore::config::WritePath;
-use imcore::delivery::{Delivery, Routes};
+use imcore::config::{EngineSettings, WritePath, WriteSettings};
 use imcore::domain::Body;
 use imcore::metrics::{write_phase_totals, WRITE_PHASES};
 use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
 use imcore::store::{CreateConversation, GroupSettings, SendOp, Store, WriteOp, Written};
-use imcore::writer::{WriteFailure, Writer};
-use imcore_actors::conversation::ActorConfig;
+use imcore::writer::{Engine, WriteFailure, Writer};
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use serde_json::{json, Value};
 
@@ -256,12 +254,8 @@ fn body(n: u64) -> Body {
 }
 
 fn writer(store: &Store, path: WritePath, commit_workers: usize) -> Writer {
-    let store = match path {
-        WritePath::Actor => store.clone().with_commit_stage(commit_workers, 4096),
-        WritePath::Direct => store.clone(),
-    };
-    let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.clone()));
-    Writer::new(path, store, delivery, ActorConfig::default(), 2)
+    let write = WriteSettings { commit_workers, arbiters: 2, ..WriteSettings::on(path) };
+    Engine::start(store.clone(), &EngineSettings { write, ..EngineSettings::default() }).writer
 }
 
 /// One group, `senders` closed-loop senders (each its own device and key

@@ -1,0 +1,194 @@
+//! The reads of a write transaction, under the conversation row locks.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use imcore_actors::{ClientMsgId, ConvId, UserId};
+use tokio_postgres::types::Type;
+use tokio_postgres::Transaction;
+
+use super::{BatchJob, MemberMap, MemberState, SendAck, WriteOp};
+use crate::domain::{DeliveryMode, JoinMode, Role};
+use crate::store::StoreError;
+
+/// The locked conversation row.
+pub(super) struct ConvRow {
+    pub(super) dismissed: bool,
+    pub(super) next_seq: i64,
+    pub(super) member_version: i64,
+    pub(super) member_count: i32,
+    pub(super) max_member: i32,
+    pub(super) mute_all: bool,
+    pub(super) join_mode: JoinMode,
+    pub(super) delivery_mode: DeliveryMode,
+    /// Retention purged something once (`min_seq > 1`), so tombstones may exist.
+    pub(super) purged: bool,
+    /// Transaction time, in ms: the `created_at` of everything the batch appends.
+    pub(super) now: DateTime<Utc>,
+}
+
+/// Rows are locked in `conv_id` order, so two transactions that each lock
+/// several conversations never deadlock. `NO KEY UPDATE` serialises writers of
+/// a conversation just as well (it conflicts with itself) without blocking
+/// other transactions' foreign-key checks against the row.
+const LOCK_CONVERSATIONS: &str = "
+SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, join_mode,
+       delivery_mode, min_seq, date_trunc('milliseconds', now())
+  FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE";
+
+/// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
+/// join against the key list can scan the whole conversation). Tombstones are
+/// probed only where retention ever purged (`min_seq > 1`).
+const LOOKUP_REQUEST_KEYS: &str = "
+SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash IS NOT NULL
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[]) AS k(conv, u, c, purged)
+  LEFT JOIN LATERAL (SELECT seq, message_id, request_hash, created_at FROM events
+                      WHERE conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c LIMIT 1) e ON true
+  LEFT JOIN LATERAL (SELECT request_hash FROM idem_tombstones
+                      WHERE k.purged AND conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c) t ON true
+ WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
+
+const LOAD_MEMBERS: &str = "SELECT conv_id, user_id, role, mute_until FROM members WHERE conv_id = ANY($1::text[])";
+
+const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::text[])";
+
+pub(super) async fn lock_conversations(
+    tx: &Transaction<'_>,
+    jobs: &[BatchJob],
+) -> Result<HashMap<ConvId, ConvRow>, StoreError> {
+    let ids: Vec<&str> = jobs.iter().map(|j| j.conv.as_str()).collect();
+    let rows = tx.query_typed(LOCK_CONVERSATIONS, &[(&ids, Type::TEXT_ARRAY)]).await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let conv = ConvId::parse(r.get(0)).ok()?;
+            let row = ConvRow {
+                dismissed: r.get(1),
+                next_seq: r.get(2),
+                member_version: r.get(3),
+                member_count: r.get(4),
+                max_member: r.get(5),
+                mute_all: r.get(6),
+                join_mode: r.get::<_, &str>(7).parse().unwrap_or(JoinMode::Invite),
+                delivery_mode: r.get::<_, &str>(8).parse().unwrap_or(DeliveryMode::Push),
+                purged: r.get::<_, i64>(9) > 1,
+                now: r.get(10),
+            };
+            Some((conv, row))
+        })
+        .collect())
+}
+
+/// An earlier event or tombstone of a request key.
+pub(super) struct Prior {
+    pub(super) event: Option<SendAckWithHash>,
+    pub(super) tombstone: bool,
+}
+
+#[derive(Clone)]
+pub(super) struct SendAckWithHash {
+    pub(super) ack: SendAck,
+    pub(super) hash: Vec<u8>,
+}
+
+pub(super) type RequestKey = (ConvId, UserId, ClientMsgId);
+
+pub(super) async fn lookup_request_keys(
+    tx: &Transaction<'_>,
+    jobs: &[BatchJob],
+    rows: &HashMap<ConvId, ConvRow>,
+) -> Result<HashMap<RequestKey, Prior>, StoreError> {
+    let (mut convs, mut users, mut keys, mut purged) = (vec![], vec![], vec![], vec![]);
+    for job in jobs {
+        let Some(row) = rows.get(&job.conv) else { continue };
+        for op in &job.ops {
+            if let WriteOp::Send(s) = op {
+                convs.push(job.conv.as_str());
+                users.push(s.sender.as_str());
+                keys.push(s.client_msg_id.as_str());
+                purged.push(row.purged);
+            }
+        }
+    }
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = tx
+        .query_typed(
+            LOOKUP_REQUEST_KEYS,
+            &[
+                (&convs, Type::TEXT_ARRAY),
+                (&users, Type::TEXT_ARRAY),
+                (&keys, Type::TEXT_ARRAY),
+                (&purged, Type::BOOL_ARRAY),
+            ],
+        )
+        .await?;
+    let mut prior = HashMap::with_capacity(rows.len());
+    for r in rows {
+        let (Ok(conv), Ok(user), Ok(key)) =
+            (ConvId::parse(r.get(0)), UserId::parse(r.get(1)), ClientMsgId::parse(r.get(2)))
+        else {
+            continue;
+        };
+        let event = r.get::<_, Option<i64>>(3).map(|seq| SendAckWithHash {
+            ack: SendAck { seq, message_id: r.get(4), dup: true, created_at: r.get(6) },
+            hash: r.get(5),
+        });
+        prior.insert((conv, user, key), Prior { event, tombstone: r.get(7) });
+    }
+    Ok(prior)
+}
+
+/// Reloads the member map of each job whose cache is stale or empty.
+pub(super) async fn load_members(
+    tx: &Transaction<'_>,
+    jobs: &mut [BatchJob],
+    rows: &HashMap<ConvId, ConvRow>,
+) -> Result<(), StoreError> {
+    // The row's version where the job's cache does not have it.
+    let stale = |job: &BatchJob| {
+        rows.get(&job.conv).map(|row| row.member_version).filter(|&v| job.cache.member_version != Some(v))
+    };
+    let reload: Vec<&str> = jobs.iter().filter(|j| stale(j).is_some()).map(|j| j.conv.as_str()).collect();
+    if reload.is_empty() {
+        return Ok(());
+    }
+    let found = tx.query_typed(LOAD_MEMBERS, &[(&reload, Type::TEXT_ARRAY)]).await?;
+    let mut loaded = member_rows(&found);
+    for job in jobs.iter_mut() {
+        if let Some(version) = stale(job) {
+            job.cache.members = Arc::new(loaded.remove(&job.conv).unwrap_or_default());
+            job.cache.member_version = Some(version);
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn member_rows(rows: &[tokio_postgres::Row]) -> HashMap<ConvId, MemberMap> {
+    let mut maps: HashMap<ConvId, MemberMap> = HashMap::new();
+    for r in rows {
+        let (Ok(conv), Ok(user)) = (ConvId::parse(r.get(0)), UserId::parse(r.get(1))) else { continue };
+        let role = r.get::<_, &str>(2).parse().unwrap_or(Role::Member);
+        maps.entry(conv).or_default().insert(user, MemberState { role, mute_until: r.get(3) });
+    }
+    maps
+}
+
+/// Which of the users that `ops` want to add exist (a join of an unknown user is `NOT_FOUND`).
+pub(super) async fn lookup_joiners(tx: &Transaction<'_>, jobs: &[BatchJob]) -> Result<HashSet<UserId>, StoreError> {
+    let joiners: Vec<&str> = jobs
+        .iter()
+        .flat_map(|j| &j.ops)
+        .filter_map(|op| match op {
+            WriteOp::Join(j) => Some(j.user.as_str()),
+            _ => None,
+        })
+        .collect();
+    if joiners.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let rows = tx.query_typed(LOOKUP_USERS, &[(&joiners, Type::TEXT_ARRAY)]).await?;
+    Ok(rows.iter().filter_map(|r| UserId::parse(r.get(0)).ok()).collect())
+}

@@ -1,0 +1,250 @@
+//! The write transaction: a batch of one conversation's ops under its row lock
+//! (ARCHITECTURE §3), or the batches of several conversations at once (the
+//! commit stage). The `direct` write path runs it with one op.
+//!
+//! Round trips: lock; one replay + tombstone lookup for every request key of the
+//! batch; the member map where the cache is stale; membership changes, if any;
+//! one multi-row INSERT with the `next_seq` UPDATE; COMMIT.
+//!
+//! * `lookup` — the reads under the lock: rows, request keys, members, users.
+//! * `batch` — the batch being built: seqs, events, membership changes;
+//!   `send` and `membership` hold the rules of each op.
+//! * `append` — the one INSERT of every event and the row updates.
+
+mod append;
+mod batch;
+mod lookup;
+mod membership;
+mod send;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+use crate::domain::{Body, DeliveryMode, Event, LeaveReason, Rejection, Role};
+use append::append_events;
+use batch::BatchBuilder;
+use lookup::{load_members, lock_conversations, lookup_joiners, lookup_request_keys};
+use membership::write_member_changes;
+
+/// One write request against one conversation.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    Send(SendOp),
+    Join(JoinOp),
+    Leave(LeaveOp),
+}
+
+#[derive(Debug, Clone)]
+pub struct SendOp {
+    pub sender: UserId,
+    pub device: DeviceId,
+    pub client_msg_id: ClientMsgId,
+    pub body: Body,
+}
+
+/// `user` joins with `role`; `actor` is who added them (the user itself for a self-join).
+#[derive(Debug, Clone)]
+pub struct JoinOp {
+    pub user: UserId,
+    pub actor: UserId,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaveOp {
+    pub user: UserId,
+    pub actor: UserId,
+    pub reason: LeaveReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendAck {
+    pub seq: i64,
+    pub message_id: Uuid,
+    pub dup: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    Sent(SendAck),
+    Joined { seq: i64 },
+    Left { seq: i64 },
+}
+
+pub type WriteOutcome = Result<Written, Rejection>;
+
+/// A committed batch: one outcome per op, and what it appended.
+#[derive(Debug)]
+pub struct WrittenBatch {
+    pub outcomes: Vec<WriteOutcome>,
+    pub appended: Appended,
+}
+
+/// What a committed batch appended, for delivery.
+#[derive(Debug)]
+pub struct Appended {
+    pub conv_id: ConvId,
+    /// Ascending seq.
+    pub events: Vec<Event>,
+    /// The conversation's head after the batch.
+    pub head: i64,
+    /// The complete member map before the batch: replaying the batch's
+    /// join/leave events on it gives who sees each event.
+    pub members_before: Arc<MemberMap>,
+    pub delivery_mode: DeliveryMode,
+}
+
+/// Current members and their attributes.
+pub type MemberMap = HashMap<UserId, MemberState>;
+
+/// What a conversation actor keeps between batches: the whole member map, valid
+/// while `member_version` matches the locked row (every membership, role or
+/// mute change bumps it). A stale or empty (`Default`) cache costs a reload
+/// inside the same transaction, never a wrong answer.
+#[derive(Debug, Clone, Default)]
+pub struct ConvCache {
+    member_version: Option<i64>,
+    members: Arc<MemberMap>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberState {
+    pub role: Role,
+    pub mute_until: Option<DateTime<Utc>>,
+}
+
+/// Times the phases of a write transaction into `metrics::write_phase`.
+struct Phase(Instant);
+
+impl Phase {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    fn end(&mut self, name: &'static str) {
+        let now = Instant::now();
+        crate::metrics::observe_write_phase(name, now - self.0);
+        self.0 = now;
+    }
+}
+
+/// One conversation's share of a write transaction.
+#[derive(Debug)]
+pub struct BatchJob {
+    pub conv: ConvId,
+    pub cache: ConvCache,
+    pub ops: Vec<WriteOp>,
+}
+
+impl Store {
+    /// Commits `ops` in order in one transaction (`cache` may be stale or empty).
+    pub async fn write_batch(
+        &self,
+        conv: &ConvId,
+        cache: ConvCache,
+        ops: &[WriteOp],
+    ) -> Result<(WrittenBatch, ConvCache), StoreError> {
+        let job = BatchJob { conv: conv.clone(), cache, ops: ops.to_vec() };
+        let mut done = self.write_batches(vec![job]).await?;
+        done.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
+    }
+
+    /// Commits the batches of several conversations (distinct `conv`s) in one
+    /// transaction: one lock statement (rows in `conv_id` order), one lookup of
+    /// every request key, one INSERT of every event. Each conversation's ops
+    /// keep their order and their own outcomes; a database error fails all.
+    pub async fn write_batches(&self, mut jobs: Vec<BatchJob>) -> Result<Vec<(WrittenBatch, ConvCache)>, StoreError> {
+        let mut phase = Phase::start();
+        let mut conn = self.pool.get().await?;
+        phase.end("pool");
+        let tx = conn.transaction().await?;
+        phase.end("begin");
+        let written = apply_batches(&tx, &mut jobs, &mut phase).await?;
+        tx.commit().await?;
+        phase.end("commit");
+        Ok(written.into_iter().zip(jobs.into_iter().map(|j| j.cache)).collect())
+    }
+}
+
+/// Applies one conversation's `ops` inside `tx`, which the caller commits.
+pub(super) async fn apply_ops(
+    tx: &Transaction<'_>,
+    conv: &ConvId,
+    cache: &mut ConvCache,
+    ops: &[WriteOp],
+) -> Result<WrittenBatch, StoreError> {
+    let mut jobs = vec![BatchJob { conv: conv.clone(), cache: std::mem::take(cache), ops: ops.to_vec() }];
+    let mut written = apply_batches(tx, &mut jobs, &mut Phase::start()).await?;
+    *cache = std::mem::take(&mut jobs[0].cache);
+    written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
+}
+
+/// Applies every job inside `tx`, which the caller commits. Checks run in the
+/// order of PROTOCOL §5 `send`, all under the conversation row locks.
+async fn apply_batches(
+    tx: &Transaction<'_>,
+    jobs: &mut [BatchJob],
+    phase: &mut Phase,
+) -> Result<Vec<WrittenBatch>, StoreError> {
+    let rows = lock_conversations(tx, jobs).await?;
+    phase.end("lock");
+    load_members(tx, jobs, &rows).await?;
+    let prior = lookup_request_keys(tx, jobs, &rows).await?;
+    let known_users = lookup_joiners(tx, jobs).await?;
+    phase.end("lookup");
+
+    let mut written = Vec::with_capacity(jobs.len());
+    let mut builders = Vec::with_capacity(jobs.len());
+    for job in jobs.iter_mut() {
+        let Some(row) = rows.get(&job.conv) else {
+            // No existence leak: an unknown conversation answers like a non-member.
+            let outcomes = job.ops.iter().map(|_| Err(Rejection::NotMember)).collect();
+            let appended = Appended {
+                conv_id: job.conv.clone(),
+                events: vec![],
+                head: 0,
+                members_before: Arc::default(),
+                delivery_mode: DeliveryMode::Push,
+            };
+            written.push(WrittenBatch { outcomes, appended });
+            continue;
+        };
+        let cache = &mut job.cache;
+        let members_before = cache.members.clone();
+        let mut b = BatchBuilder::new(&job.conv, row);
+        let mut outcomes = Vec::with_capacity(job.ops.len());
+        for op in &job.ops {
+            let outcome = match op {
+                WriteOp::Send(s) => b.send(s, &prior, &cache.members),
+                WriteOp::Join(j) => b.join(j, &known_users, Arc::make_mut(&mut cache.members)),
+                WriteOp::Leave(l) => b.leave(l, Arc::make_mut(&mut cache.members)),
+            };
+            outcomes.push(outcome);
+        }
+        write_member_changes(tx, &job.conv, &b.member_changes).await?;
+        cache.member_version = Some(row.member_version + b.version_bump());
+        let appended = Appended {
+            conv_id: job.conv.clone(),
+            head: b.next_seq - 1,
+            events: Vec::new(),
+            members_before,
+            delivery_mode: row.delivery_mode,
+        };
+        written.push(WrittenBatch { outcomes, appended });
+        builders.push((written.len() - 1, b));
+    }
+    append_events(tx, &builders).await?;
+    phase.end("append");
+    for (i, b) in builders {
+        written[i].appended.events = b.events;
+    }
+    Ok(written)
+}

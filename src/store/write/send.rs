@@ -1,0 +1,60 @@
+//! The rules of `send`.
+
+use std::collections::HashMap;
+
+use uuid::Uuid;
+
+use super::batch::BatchBuilder;
+use super::lookup::{Prior, RequestKey, SendAckWithHash};
+use super::{MemberMap, SendAck, SendOp, WriteOutcome, Written};
+use crate::domain::{EventKind, Permission, Rejection, Role};
+
+impl BatchBuilder {
+    /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → mute → permission → append.
+    pub(super) fn send(
+        &mut self,
+        op: &SendOp,
+        prior: &HashMap<RequestKey, Prior>,
+        members: &MemberMap,
+    ) -> WriteOutcome {
+        let key = (self.conv.clone(), op.sender.clone(), op.client_msg_id.clone());
+        let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
+        if let Some(earlier) = earlier {
+            return if earlier.hash == op.body.fingerprint() {
+                Ok(Written::Sent(SendAck { dup: true, ..earlier.ack.clone() }))
+            } else {
+                Err(Rejection::IdempotencyMismatch)
+            };
+        }
+        if prior.get(&key).is_some_and(|p| p.tombstone) {
+            return Err(Rejection::IdempotencyKeyExpired);
+        }
+        if self.dismissed {
+            return Err(Rejection::ConvDismissed);
+        }
+        let Some(member) = members.get(&op.sender) else {
+            return Err(Rejection::NotMember);
+        };
+        if (self.mute_all && member.role == Role::Member) || member.mute_until.is_some_and(|t| t > self.now) {
+            return Err(Rejection::Muted);
+        }
+        if !member.role.can(self.join_mode, Permission::SendMsg) {
+            return Err(Rejection::Forbidden("your role may not send messages"));
+        }
+        if op.body.mention_all() && !member.role.can(self.join_mode, Permission::AtAll) {
+            return Err(Rejection::Forbidden("your role may not mention everyone"));
+        }
+        let message_id = Uuid::now_v7();
+        let seq = self.append(EventKind::Msg {
+            message_id,
+            sender: op.sender.clone(),
+            sender_device: op.device.clone(),
+            client_msg_id: op.client_msg_id.clone(),
+            body: Some(op.body.text().to_owned()),
+            recalled: false,
+        });
+        let ack = SendAck { seq, message_id, dup: false, created_at: self.now };
+        self.appended_keys.insert(key, SendAckWithHash { ack: ack.clone(), hash: op.body.fingerprint().to_vec() });
+        Ok(Written::Sent(ack))
+    }
+}
