@@ -40,6 +40,18 @@ impl From<StoreError> for WriteFailure {
     }
 }
 
+/// `error: cause: cause…`: the edge's log line keeps the whole chain.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    out
+}
+
 pub type ConversationHub = Hub<Store, Delivery>;
 
 #[derive(Clone)]
@@ -79,7 +91,7 @@ impl Writer {
                 Queued::Actor(reply) => match reply.await {
                     Ok(outcome) => Ok(outcome?),
                     Err(WriteError::Overloaded) => Err(WriteFailure::Overloaded),
-                    Err(WriteError::Internal(m)) => Err(WriteFailure::Internal(m)),
+                    Err(e @ WriteError::Internal(_)) => Err(WriteFailure::Internal(with_causes(&e))),
                 },
                 Queued::Direct { store, delivery, conv, op } => {
                     let (written, batch) = store.write(&conv, op).await?;

@@ -23,8 +23,15 @@
 //! successor holds its first batch until its predecessor has exited (see
 //! `lifecycle`), so one submitter's ops keep their order across an
 //! eviction (P6).
+//!
+//! # Errors
+//! A failed batch fails each of its callers with [`WriteError::Internal`],
+//! which keeps the store's error (or the panic) as its source. The caller's
+//! edge logs it once, with the whole chain; this layer only logs at `debug`,
+//! except when the store breaks its contract.
 
 use std::collections::VecDeque;
+use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +44,7 @@ use crate::lifecycle::Lease;
 use crate::store::{BatchCommitted, ConversationStore, Fanout};
 
 /// Why one op was not committed. The gateway maps these to PROTOCOL codes.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum WriteError {
     /// The conversation's queue is full (or the hub is shutting down): nothing
     /// was done; the client may retry later. Wire code `OVERLOADED`.
@@ -46,8 +53,35 @@ pub enum WriteError {
     /// The batch failed as a whole (store error, panic, actor gone): the op may
     /// or may not have been committed; a retry with the same request key is
     /// safe (it replays). Wire code `INTERNAL`.
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error, the write may or may not have been committed")]
+    Internal(#[source] InternalError),
+}
+
+/// What went wrong behind a [`WriteError::Internal`], and the failure that
+/// caused it when there is one. Cheap to clone: every caller of a failed
+/// batch gets the same cause.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason}")]
+pub struct InternalError {
+    reason: &'static str,
+    #[source]
+    source: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl InternalError {
+    pub(crate) fn new(reason: &'static str) -> Self {
+        Self { reason, source: None }
+    }
+
+    pub(crate) fn caused_by(reason: &'static str, source: impl Error + Send + Sync + 'static) -> Self {
+        Self { reason, source: Some(Arc::new(source)) }
+    }
+}
+
+impl From<InternalError> for WriteError {
+    fn from(e: InternalError) -> Self {
+        WriteError::Internal(e)
+    }
 }
 
 /// What one op's caller gets back.
@@ -219,44 +253,57 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
         self.in_flight = false;
         self.last_activity = Instant::now();
         match res {
-            Ok(Ok(BatchCommitted { outcomes, cache, committed })) => {
-                self.cache = Some(cache);
-                if outcomes.len() != replies.len() {
-                    tracing::error!(
-                        conv_id = %self.lease.conv(),
-                        ops = replies.len(),
-                        outcomes = outcomes.len(),
-                        "store broke its contract: one outcome per op"
-                    );
-                }
-                let mut outcomes = outcomes.into_iter();
-                for reply in replies {
-                    let answer = outcomes
-                        .next()
-                        .ok_or_else(|| WriteError::Internal("store returned no outcome for this op".into()));
-                    // A caller that gave up has dropped its receiver: nothing to do.
-                    let _ = reply.send(answer);
-                }
-                self.fanout.deliver(self.lease.conv(), committed);
-            }
+            Ok(Ok(committed)) => self.answer(replies, committed),
             Ok(Err(e)) => {
-                tracing::warn!(conv_id = %self.lease.conv(), ops = replies.len(), error = %e, "batch failed");
-                self.fail_all(replies, e.to_string());
+                tracing::debug!(
+                    conv_id = %self.lease.conv(),
+                    ops = replies.len(),
+                    error = %e,
+                    "batch failed in the store"
+                );
+                self.fail_all(replies, InternalError::caused_by("the store failed the batch", e));
             }
             Err(join) => {
-                tracing::error!(conv_id = %self.lease.conv(), ops = replies.len(), error = %join, "batch task failed");
-                self.fail_all(replies, "batch aborted".to_owned());
+                tracing::debug!(
+                    conv_id = %self.lease.conv(),
+                    ops = replies.len(),
+                    error = %join,
+                    "batch task failed"
+                );
+                self.fail_all(replies, InternalError::caused_by("the batch was aborted", join));
             }
         }
         self.start_batch(ctx);
         self.maybe_retire(ctx);
     }
 
-    fn fail_all(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, msg: String) {
+    /// Replies to every caller in op order, then fans out (STYLE 6).
+    fn answer(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, batch: BatchCommitted<S>) {
+        let BatchCommitted { outcomes, cache, committed } = batch;
+        self.cache = Some(cache);
+        if outcomes.len() != replies.len() {
+            tracing::error!(
+                conv_id = %self.lease.conv(),
+                ops = replies.len(),
+                outcomes = outcomes.len(),
+                "store broke its contract: one outcome per op"
+            );
+        }
+        let mut outcomes = outcomes.into_iter();
+        for reply in replies {
+            let answer =
+                outcomes.next().ok_or_else(|| InternalError::new("the store returned no outcome for this op").into());
+            // A caller that gave up has dropped its receiver: nothing to do.
+            let _ = reply.send(answer);
+        }
+        self.fanout.deliver(self.lease.conv(), committed);
+    }
+
+    fn fail_all(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, cause: InternalError) {
         // The cache may describe state the failed transaction never committed.
         self.cache = Some(S::Cache::default());
         for reply in replies {
-            let _ = reply.send(Err(WriteError::Internal(msg.clone())));
+            let _ = reply.send(Err(cause.clone().into()));
         }
     }
 

@@ -11,7 +11,9 @@ use actix::dev::SendError;
 use actix::{Addr, Arbiter, ArbiterHandle, Context};
 use tokio::sync::oneshot;
 
-use crate::conversation::{ActorConfig, ConversationActor, Drain, Shared, Submit, WriteError, WriteResult};
+use crate::conversation::{
+    ActorConfig, ConversationActor, Drain, InternalError, Shared, Submit, WriteError, WriteResult,
+};
 use crate::ids::ConvId;
 use crate::lifecycle::{Lease, Slots};
 use crate::store::{ConversationStore, Fanout};
@@ -89,7 +91,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
         let queued = self.push(conv, op);
         async move {
             match queued {
-                Ok(rx) => rx.await.unwrap_or_else(|_| Err(WriteError::Internal("conversation actor stopped".into()))),
+                Ok(rx) => rx.await.unwrap_or_else(|_| Err(InternalError::new("the conversation actor stopped").into())),
                 Err(e) => Err(e),
             }
         }
@@ -120,7 +122,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
                 }
             }
         }
-        Err(WriteError::Internal("no conversation actor could take the op".into()))
+        Err(InternalError::new("no conversation actor could take the op").into())
     }
 
     /// Starts an actor for `lease` on the next arbiter. Runs under the

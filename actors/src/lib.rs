@@ -29,7 +29,7 @@ pub mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
-pub use conversation::{ActorConfig, ConversationActor, Submit, WriteError, WriteResult};
+pub use conversation::{ActorConfig, ConversationActor, InternalError, Submit, WriteError, WriteResult};
 pub use hub::{Hub, HubConfig};
 pub use ids::{ClientMsgId, ConvId, DeviceId, InvalidId, UserId};
 pub use store::{BatchCommitted, ConversationStore, Fanout};
