@@ -39,6 +39,7 @@ use actix::{fut, Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Me
 use tokio::sync::oneshot;
 use tokio::task::JoinError;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::lifecycle::Lease;
 use crate::store::{BatchCommitted, ConversationStore, Fanout};
@@ -237,44 +238,40 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
         self.in_flight = true;
         let store = Arc::clone(&self.store);
         let conv = self.lease.conv().clone();
+        // One span per batch, around the commit and the replies, so a send
+        // can be followed from the queue to its transaction.
+        let span = tracing::debug_span!("commit_batch", conv_id = %conv, ops = n);
         // The store call runs in its own task: a panic there (even in the
         // synchronous part of `commit_batch`) surfaces as a `JoinError`
         // instead of tearing down this actor.
-        let task = actix::spawn(async move { store.commit_batch(conv, cache, ops).await });
-        ctx.spawn(task.into_actor(self).map(move |res, act, ctx| act.finish_batch(replies, res, ctx)));
+        let task = actix::spawn(async move { store.commit_batch(conv, cache, ops).await }.instrument(span.clone()));
+        ctx.spawn(task.into_actor(self).map(move |res, act, ctx| {
+            // The next batch starts outside this span: it is not this
+            // batch's child.
+            span.in_scope(|| act.finish_batch(replies, res));
+            act.start_batch(ctx);
+            act.maybe_retire(ctx);
+        }));
     }
 
     fn finish_batch(
         &mut self,
         replies: Vec<oneshot::Sender<WriteResult<S>>>,
         res: Result<Result<BatchCommitted<S>, S::Error>, JoinError>,
-        ctx: &mut Context<Self>,
     ) {
         self.in_flight = false;
         self.last_activity = Instant::now();
         match res {
             Ok(Ok(committed)) => self.answer(replies, committed),
             Ok(Err(e)) => {
-                tracing::debug!(
-                    conv_id = %self.lease.conv(),
-                    ops = replies.len(),
-                    error = %e,
-                    "batch failed in the store"
-                );
+                tracing::debug!(error = %e, "batch failed in the store");
                 self.fail_all(replies, InternalError::caused_by("the store failed the batch", e));
             }
             Err(join) => {
-                tracing::debug!(
-                    conv_id = %self.lease.conv(),
-                    ops = replies.len(),
-                    error = %join,
-                    "batch task failed"
-                );
+                tracing::debug!(error = %join, "batch task failed");
                 self.fail_all(replies, InternalError::caused_by("the batch was aborted", join));
             }
         }
-        self.start_batch(ctx);
-        self.maybe_retire(ctx);
     }
 
     /// Replies to every caller in op order, then fans out (STYLE 6).
@@ -282,6 +279,8 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
         let BatchCommitted { outcomes, cache, committed } = batch;
         self.cache = Some(cache);
         if outcomes.len() != replies.len() {
+            // Fields repeated from the span: this must show even where debug
+            // spans are filtered out.
             tracing::error!(
                 conv_id = %self.lease.conv(),
                 ops = replies.len(),
@@ -334,7 +333,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
     /// pushing into its mailbox; from then on nothing new can arrive. The stop
     /// (the spawned item) runs after the next mailbox poll, which handles
     /// every message pushed so far; `stopping` refuses to stop if that poll
-    /// queued ops, and `finish_batch` comes back here.
+    /// queued ops, and the end of the batch comes back here.
     fn finish_retiring(&mut self, ctx: &mut Context<Self>) {
         if self.lease.senders_inside() {
             ctx.run_later(Duration::from_millis(1), |act, ctx| act.finish_retiring(ctx));
