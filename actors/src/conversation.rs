@@ -19,25 +19,33 @@
 //! The actor is an accelerator, not the guard: gapless seqs and one event per
 //! request key rest on the store's row-locked transaction. Two actors for one
 //! conversation (two nodes, or an old actor finishing its last ops while its
-//! successor starts) must still produce a correct log; the hub additionally
-//! holds a successor's first batch until its predecessor has stopped, so one
-//! submitter's ops keep their order across an eviction (P6).
+//! successor starts) must still produce a correct log; additionally a
+//! successor holds its first batch until its predecessor has exited (see
+//! `lifecycle`), so one submitter's ops keep their order across an
+//! eviction (P6).
+//!
+//! # Errors
+//! A failed batch fails each of its callers with [`WriteError::Internal`],
+//! which keeps the store's error (or the panic) as its source. The caller's
+//! edge logs it once, with the whole chain; this layer only logs at `debug`,
+//! except when the store breaks its contract.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Weak};
+use std::error::Error;
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{fut, Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Running, WrapFuture};
+use actix::{fut, Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Running, WrapFuture};
 use tokio::sync::oneshot;
 use tokio::task::JoinError;
 use tokio::time::Instant;
+use tracing::Instrument;
 
-use crate::hub::{Gate, Hub};
-use crate::ids::ConvId;
+use crate::lifecycle::Lease;
 use crate::store::{BatchCommitted, ConversationStore, Fanout};
 
 /// Why one op was not committed. The gateway maps these to PROTOCOL codes.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum WriteError {
     /// The conversation's queue is full (or the hub is shutting down): nothing
     /// was done; the client may retry later. Wire code `OVERLOADED`.
@@ -46,8 +54,35 @@ pub enum WriteError {
     /// The batch failed as a whole (store error, panic, actor gone): the op may
     /// or may not have been committed; a retry with the same request key is
     /// safe (it replays). Wire code `INTERNAL`.
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error, the write may or may not have been committed")]
+    Internal(#[source] InternalError),
+}
+
+/// What went wrong behind a [`WriteError::Internal`], and the failure that
+/// caused it when there is one. Cheap to clone: every caller of a failed
+/// batch gets the same cause.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason}")]
+pub struct InternalError {
+    reason: &'static str,
+    #[source]
+    source: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl InternalError {
+    pub(crate) fn new(reason: &'static str) -> Self {
+        Self { reason, source: None }
+    }
+
+    pub(crate) fn caused_by(reason: &'static str, source: impl Error + Send + Sync + 'static) -> Self {
+        Self { reason, source: Some(Arc::new(source)) }
+    }
+}
+
+impl From<InternalError> for WriteError {
+    fn from(e: InternalError) -> Self {
+        WriteError::Internal(e)
+    }
 }
 
 /// What one op's caller gets back.
@@ -93,7 +128,7 @@ impl<S: ConversationStore> Message for Submit<S> {
 }
 
 /// Stop once everything queued is committed and answered (hub shutdown).
-/// Its `done` signal is the actor's own exit, observed through the hub.
+/// The hub learns that the actor has stopped from its entry's `Exit`.
 pub(crate) struct Drain;
 
 impl Message for Drain {
@@ -105,15 +140,28 @@ struct Pending<S: ConversationStore> {
     reply: oneshot::Sender<WriteResult<S>>,
 }
 
+/// What every conversation actor of one hub is built from.
+pub(crate) struct Shared<S, F> {
+    pub(crate) store: Arc<S>,
+    pub(crate) fanout: Arc<F>,
+    pub(crate) config: ActorConfig,
+}
+
+impl<S, F> Clone for Shared<S, F> {
+    fn clone(&self) -> Self {
+        Self { store: Arc::clone(&self.store), fanout: Arc::clone(&self.fanout), config: self.config.clone() }
+    }
+}
+
 /// The single owner of one conversation's write queue (STYLE 5).
 pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
-    conv: ConvId,
     store: Arc<S>,
     fanout: Arc<F>,
-    /// Weak: the hub owns the arbiters this actor runs on; a strong reference
-    /// would keep them alive through the actor.
-    hub: Weak<Hub<S, F>>,
     config: ActorConfig,
+    /// This actor's entry in the hub's table: its conversation, the gate it
+    /// closes when retiring, and its predecessor's exit (see
+    /// `lifecycle`).
+    lease: Lease<Addr<Self>>,
     /// Ops waiting for the next batch, each with its caller's reply channel.
     queue: VecDeque<Pending<S>>,
     /// The store's per-conversation cache. `None` exactly while a batch owns
@@ -125,22 +173,16 @@ pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
     /// A batch start is already scheduled for the end of this mailbox poll.
     kick_scheduled: bool,
     /// Set while this actor's predecessor for the same conversation is still
-    /// finishing; no batch starts before it has stopped (keeps P6 across an
+    /// finishing; no batch starts before it has exited (keeps P6 across an
     /// eviction).
     blocked: bool,
     /// Last time an op arrived or a batch finished.
     last_activity: Instant,
     /// Stop once idle even before `idle_timeout` (hub shutdown).
     drain_requested: bool,
-    /// The hub no longer routes new ops here (see [`Gate`]); the actor stops
-    /// as soon as its mailbox, queue and batch are empty.
+    /// The gate is closed: the hub no longer routes new ops here, and the
+    /// actor stops as soon as its mailbox, queue and batch are empty.
     retiring: bool,
-    /// Shared with the hub's map entry: the eviction handshake.
-    gate: Arc<Gate>,
-    /// Dropped with the actor (however it ends): wakes a successor waiting in
-    /// `blocked` and a hub waiting in `shutdown`.
-    _done: oneshot::Sender<()>,
-    predecessor: Option<oneshot::Receiver<()>>,
 }
 
 // actix needs `Actor: Unpin`. The store's types need not be `Unpin`, and
@@ -148,34 +190,22 @@ pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
 impl<S: ConversationStore, F: Fanout<S::Committed>> Unpin for ConversationActor<S, F> {}
 
 impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        conv: ConvId,
-        store: Arc<S>,
-        fanout: Arc<F>,
-        hub: Weak<Hub<S, F>>,
-        config: ActorConfig,
-        gate: Arc<Gate>,
-        done: oneshot::Sender<()>,
-        predecessor: Option<oneshot::Receiver<()>>,
-    ) -> Self {
+    pub(crate) fn new(shared: Shared<S, F>, lease: Lease<Addr<Self>>) -> Self {
+        let Shared { store, fanout, config } = shared;
         Self {
-            conv,
             store,
             fanout,
-            hub,
             config,
+            lease,
             queue: VecDeque::new(),
             cache: Some(S::Cache::default()),
             in_flight: false,
             kick_scheduled: false,
-            blocked: predecessor.is_some(),
+            // Set by `started`, which takes the predecessor from the lease.
+            blocked: false,
             last_activity: Instant::now(),
             drain_requested: false,
             retiring: false,
-            gate,
-            _done: done,
-            predecessor,
         }
     }
 
@@ -207,61 +237,72 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
         let cache = self.cache.take().unwrap_or_default();
         self.in_flight = true;
         let store = Arc::clone(&self.store);
-        let conv = self.conv.clone();
+        let conv = self.lease.conv().clone();
+        // One span per batch, around the commit and the replies, so a send
+        // can be followed from the queue to its transaction.
+        let span = tracing::debug_span!("commit_batch", conv_id = %conv, ops = n);
         // The store call runs in its own task: a panic there (even in the
         // synchronous part of `commit_batch`) surfaces as a `JoinError`
         // instead of tearing down this actor.
-        let task = actix::spawn(async move { store.commit_batch(conv, cache, ops).await });
-        ctx.spawn(task.into_actor(self).map(move |res, act, ctx| act.finish_batch(replies, res, ctx)));
+        let task = actix::spawn(async move { store.commit_batch(conv, cache, ops).await }.instrument(span.clone()));
+        ctx.spawn(task.into_actor(self).map(move |res, act, ctx| {
+            // The next batch starts outside this span: it is not this
+            // batch's child.
+            span.in_scope(|| act.finish_batch(replies, res));
+            act.start_batch(ctx);
+            act.maybe_retire(ctx);
+        }));
     }
 
     fn finish_batch(
         &mut self,
         replies: Vec<oneshot::Sender<WriteResult<S>>>,
         res: Result<Result<BatchCommitted<S>, S::Error>, JoinError>,
-        ctx: &mut Context<Self>,
     ) {
         self.in_flight = false;
         self.last_activity = Instant::now();
         match res {
-            Ok(Ok(BatchCommitted { outcomes, cache, committed })) => {
-                self.cache = Some(cache);
-                if outcomes.len() != replies.len() {
-                    tracing::error!(
-                        conv_id = %self.conv,
-                        ops = replies.len(),
-                        outcomes = outcomes.len(),
-                        "store broke its contract: one outcome per op"
-                    );
-                }
-                let mut outcomes = outcomes.into_iter();
-                for reply in replies {
-                    let answer = outcomes
-                        .next()
-                        .ok_or_else(|| WriteError::Internal("store returned no outcome for this op".into()));
-                    // A caller that gave up has dropped its receiver: nothing to do.
-                    let _ = reply.send(answer);
-                }
-                self.fanout.deliver(&self.conv, committed);
-            }
+            Ok(Ok(committed)) => self.answer(replies, committed),
             Ok(Err(e)) => {
-                tracing::warn!(conv_id = %self.conv, ops = replies.len(), error = %e, "batch failed");
-                self.fail_all(replies, e.to_string());
+                tracing::debug!(error = %e, "batch failed in the store");
+                self.fail_all(replies, InternalError::caused_by("the store failed the batch", e));
             }
             Err(join) => {
-                tracing::error!(conv_id = %self.conv, ops = replies.len(), error = %join, "batch task failed");
-                self.fail_all(replies, "batch aborted".to_owned());
+                tracing::debug!(error = %join, "batch task failed");
+                self.fail_all(replies, InternalError::caused_by("the batch was aborted", join));
             }
         }
-        self.start_batch(ctx);
-        self.maybe_retire(ctx);
     }
 
-    fn fail_all(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, msg: String) {
+    /// Replies to every caller in op order, then fans out (STYLE 6).
+    fn answer(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, batch: BatchCommitted<S>) {
+        let BatchCommitted { outcomes, cache, committed } = batch;
+        self.cache = Some(cache);
+        if outcomes.len() != replies.len() {
+            // Fields repeated from the span: this must show even where debug
+            // spans are filtered out.
+            tracing::error!(
+                conv_id = %self.lease.conv(),
+                ops = replies.len(),
+                outcomes = outcomes.len(),
+                "store broke its contract: one outcome per op"
+            );
+        }
+        let mut outcomes = outcomes.into_iter();
+        for reply in replies {
+            let answer =
+                outcomes.next().ok_or_else(|| InternalError::new("the store returned no outcome for this op").into());
+            // A caller that gave up has dropped its receiver: nothing to do.
+            let _ = reply.send(answer);
+        }
+        self.fanout.deliver(self.lease.conv(), committed);
+    }
+
+    fn fail_all(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, cause: InternalError) {
         // The cache may describe state the failed transaction never committed.
         self.cache = Some(S::Cache::default());
         for reply in replies {
-            let _ = reply.send(Err(WriteError::Internal(msg.clone())));
+            let _ = reply.send(Err(cause.clone().into()));
         }
     }
 
@@ -269,7 +310,8 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
         self.queue.is_empty() && !self.in_flight && !self.blocked
     }
 
-    /// Eviction, step 1: close the gate so the hub routes no new op here.
+    /// Retires an idle actor: closes the gate so the hub routes no new op
+    /// here (eviction step 2 in `lifecycle`).
     fn maybe_retire(&mut self, ctx: &mut Context<Self>) {
         if !self.idle() {
             return;
@@ -280,20 +322,20 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
             return;
         }
         if self.drain_requested || self.last_activity.elapsed() >= self.config.idle_timeout {
-            tracing::debug!(conv_id = %self.conv, "conversation actor retiring");
+            tracing::debug!(conv_id = %self.lease.conv(), "conversation actor retiring");
             self.retiring = true;
-            self.gate.close();
+            self.lease.close();
             self.finish_retiring(ctx);
         }
     }
 
-    /// Eviction, step 2: wait until no hub caller is between reading this
-    /// actor's address and pushing into its mailbox; from then on nothing new
-    /// can arrive. Step 3 (the spawned item) runs after the next mailbox poll,
-    /// which handles every message pushed so far; `stopping` refuses to stop
-    /// if that poll queued ops, and `finish_batch` comes back here.
+    /// Waits until no hub caller is between reading this actor's address and
+    /// pushing into its mailbox; from then on nothing new can arrive. The stop
+    /// (the spawned item) runs after the next mailbox poll, which handles
+    /// every message pushed so far; `stopping` refuses to stop if that poll
+    /// queued ops, and the end of the batch comes back here.
     fn finish_retiring(&mut self, ctx: &mut Context<Self>) {
-        if self.gate.senders_inside() {
+        if self.lease.senders_inside() {
             ctx.run_later(Duration::from_millis(1), |act, ctx| act.finish_retiring(ctx));
             return;
         }
@@ -310,9 +352,9 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Actor for ConversationActor<
     fn started(&mut self, ctx: &mut Context<Self>) {
         let tick = (self.config.idle_timeout / 2).max(Duration::from_millis(1));
         ctx.run_interval(tick, |act, ctx| act.maybe_retire(ctx));
-        if let Some(pred) = self.predecessor.take() {
-            // Resolves (with an error) when the predecessor actor is dropped.
-            ctx.spawn(pred.into_actor(self).map(|_, act, ctx| {
+        if let Some(predecessor) = self.lease.take_predecessor() {
+            self.blocked = true;
+            ctx.spawn(predecessor.wait().into_actor(self).map(|(), act, ctx| {
                 act.blocked = false;
                 act.last_activity = Instant::now();
                 act.start_batch(ctx);
@@ -332,12 +374,9 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Actor for ConversationActor<
         }
     }
 
-    fn stopped(&mut self, ctx: &mut Context<Self>) {
-        tracing::debug!(conv_id = %self.conv, "conversation actor stopped");
-        self.gate.close();
-        if let Some(hub) = self.hub.upgrade() {
-            hub.remove_if_same(&self.conv, &ctx.address());
-        }
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        tracing::debug!(conv_id = %self.lease.conv(), "conversation actor stopped");
+        self.lease.leave();
     }
 }
 

@@ -23,7 +23,10 @@ pub trait ConversationStore: Send + Sync + 'static {
     type Committed: Send + 'static;
     /// The batch failed as a whole: nothing of it was committed, or the
     /// commit's fate is unknown. Callers retry with the same request key.
-    type Error: std::fmt::Display + Send + 'static;
+    /// Each caller gets it as the source of its [`WriteError::Internal`].
+    ///
+    /// [`WriteError::Internal`]: crate::WriteError::Internal
+    type Error: std::error::Error + Send + Sync + 'static;
 
     /// Applies `ops` in order in one transaction. On success there is exactly
     /// one outcome per op, in the same order; an op that fails its checks fails

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
+use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,18 @@ fn assert_gapless_with_keys(store: &MemoryStore, c: &ConvId, expected: &HashSet<
     let keys: HashSet<String> = log.iter().map(|e| e.key.to_string()).collect();
     assert_eq!(keys.len(), log.len(), "one event per request key");
     assert_eq!(&keys, expected, "exactly the acknowledged ops are in the log");
+}
+
+/// `error: cause: cause…`, as the edge logs it.
+fn chain(e: &dyn Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    out
 }
 
 /// Replies go out before fan-out (STYLE 6), so a test that has its reply may
@@ -214,7 +227,8 @@ async fn a_failed_batch_fails_its_callers_with_internal_and_the_next_batch_succe
 
     store.fail_next_batches(1);
     let err = hub.submit(c.clone(), op("u1", "k1")).await.unwrap_err();
-    assert!(matches!(&err, WriteError::Internal(m) if m.contains("injected failure")), "{err:?}");
+    assert!(matches!(&err, WriteError::Internal(_)), "{err:?}");
+    assert!(chain(&err).contains("injected failure"), "the store's error is kept as the cause: {}", chain(&err));
     assert!(store.log(&c).is_empty(), "a failed batch commits nothing");
 
     let retried = hub.submit(c.clone(), op("u1", "k1")).await.unwrap();
@@ -242,7 +256,8 @@ async fn a_panicking_batch_does_not_leave_callers_hanging_and_the_actor_carries_
             .expect("a caller of a panicking batch was left hanging");
         results.push(res);
     }
-    assert!(matches!(results[0], Err(WriteError::Internal(_))), "{results:?}");
+    let Err(err @ WriteError::Internal(_)) = &results[0] else { panic!("{results:?}") };
+    assert!(chain(err).contains("panicked"), "the panic is kept as the cause: {}", chain(err));
     let committed: HashSet<String> =
         results.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(i, _)| format!("k{i}")).collect();
     assert_gapless_with_keys(&store, &c, &committed);
@@ -325,5 +340,6 @@ async fn shutdown_commits_and_answers_everything_queued_then_refuses_new_ops() {
     for p in pending {
         assert!(p.await.is_ok());
     }
-    assert_eq!(hub.submit(conv("c-shut-0"), op("u1", "late")).await, Err(WriteError::Overloaded));
+    let late = hub.submit(conv("c-shut-0"), op("u1", "late")).await;
+    assert!(matches!(late, Err(WriteError::Overloaded)), "{late:?}");
 }
