@@ -1,5 +1,10 @@
 //! imcore — an instant-messaging core.
 //!
+//! The design — data model, invariants P1–P9 and where each is enforced, the
+//! write, read and delivery paths — is [`architecture`] (`src/ARCHITECTURE.md`);
+//! the wire contract is [`protocol`] (`src/protocol/PROTOCOL.md`). The code
+//! cites them as `ARCHITECTURE §N` and `PROTOCOL §N`.
+//!
 //! # Layout
 //! * [`domain`] — rules independent of transport and storage: bodies and their
 //!   fingerprints, roles and permission bits, events, rejections.
@@ -70,17 +75,12 @@
 //! System thread. Log lines are written synchronously by whichever thread
 //! logs.
 //!
-//! # Invariants (ARCHITECTURE §2)
-//! P1 gapless seqs and P5 `next_seq = max + 1`: seqs are allocated from the
-//! locked conversation row in the transaction that inserts the events. P2 one
-//! event per request key: a partial unique index, and the replay lookup under
-//! the lock. P3/P4 membership periods: an exclusion constraint and a partial
-//! unique index; joins and leaves are events sharing the seq space. P6 per
-//! connection send order: the session queues each op on its conversation's
-//! actor in frame order, and the actor commits its queue in order. P7 routes:
-//! compare-and-remove on `conn_id` in the registry. P8 read cursors:
-//! `greatest(…)` capped at head in one statement.
+//! # Invariants
+//! P1–P9 and the mechanism that keeps each are tabled in ARCHITECTURE §2;
+//! each mechanism's doc comment names the invariant it keeps.
 
+#[doc = include_str!("ARCHITECTURE.md")]
+pub mod architecture {}
 pub mod config;
 pub mod delivery;
 pub mod domain;

@@ -1,5 +1,7 @@
-//! The wire contract (PROTOCOL.md): error codes and the JSON shapes of events,
+//! The wire contract: error codes and the JSON shapes of events,
 //! conversations and pushes. Inner layers never produce wire text themselves.
+//! The contract itself follows.
+#![doc = include_str!("PROTOCOL.md")]
 
 mod error;
 mod wire;

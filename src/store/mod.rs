@@ -1,6 +1,6 @@
 //! The PostgreSQL store: one module per transaction family.
 //!
-//! Every statement goes out with [`GenericClient::query_typed`] (parameter types
+//! Every statement goes out with [`query_typed`](tokio_postgres::GenericClient::query_typed) (parameter types
 //! given), which is one round trip — a plain `query(&str)` would first prepare
 //! (a second round trip), and the conversation row lock is held across round
 //! trips, not across fsync (ARCHITECTURE §3).
