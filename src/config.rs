@@ -8,6 +8,7 @@ use clap::{Parser, ValueEnum};
 use imcore_actors::conversation::ActorConfig;
 
 use crate::domain::DEFAULT_MAX_BODY_BYTES;
+use crate::store::SYNC_DEFAULT_MAX_BYTES;
 
 /// How sends reach PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -94,6 +95,16 @@ pub struct Config {
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "IMCORE_LOG", default_value = "info")]
     pub log: String,
+
+    // Load bounds of one connection.
+    /// WebSocket: requests of one connection in flight at once; beyond it, `OVERLOADED`.
+    #[arg(long, env = "IMCORE_WS_MAX_INFLIGHT", default_value_t = 64)]
+    pub ws_max_inflight: usize,
+
+    /// Bytes of event bodies in one `sync` reply; a page stops early at this
+    /// budget (always at least one event) and says `has_more`.
+    #[arg(long, env = "IMCORE_SYNC_MAX_BYTES", default_value_t = SYNC_DEFAULT_MAX_BYTES)]
+    pub sync_max_bytes: usize,
 }
 
 impl Config {
@@ -118,6 +129,8 @@ impl Config {
             ws_max_frame_bytes: 64 * 1024,
             workers: 0,
             log: "warn".into(),
+            ws_max_inflight: 64,
+            sync_max_bytes: SYNC_DEFAULT_MAX_BYTES,
         }
     }
 

@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 use super::error::ApiError;
 use super::AppState;
 use crate::domain::{format_time, Body, DeliveryMode, JoinMode};
-use crate::metrics::{metrics, observe_send};
+use crate::metrics::{metrics, observe_send, Running};
 use crate::protocol::{conversation_json, event_json, push_read, send_ack_json};
 use crate::store::{
     Appended, CreateConversation, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
@@ -233,6 +233,7 @@ pub fn dispatch(
     transport: &'static str,
 ) -> LocalBoxFuture<'static, Result<Reply, ApiError>> {
     metrics().requests.with_label_values(&[req.op(), transport]).inc();
+    let running = Running::start();
     let state = state.clone();
     let caller = caller.clone();
     match req {
@@ -246,6 +247,7 @@ pub fn dispatch(
             });
             let written = state.writer.write(conv, op);
             async move {
+                let _running = running;
                 let result = written.await;
                 observe_send(started.elapsed());
                 match result? {
@@ -258,7 +260,11 @@ pub fn dispatch(
             }
             .boxed_local()
         }
-        other => async move { run(&state, &caller, other).await }.boxed_local(),
+        other => async move {
+            let _running = running;
+            run(&state, &caller, other).await
+        }
+        .boxed_local(),
     }
 }
 
@@ -315,6 +321,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
                 before_seq: p.before_seq,
                 limit: p.limit,
                 epoch: p.epoch,
+                max_bytes: state.config.sync_max_bytes,
             };
             let page = state.store.sync(&sync).await?;
             let events: Vec<Value> = page.events.iter().map(event_json).collect();
