@@ -9,6 +9,7 @@ mod gateway;
 mod gateway_faults;
 mod harness;
 mod inbox;
+mod overload;
 mod seed_000;
 mod server;
 mod startup;
