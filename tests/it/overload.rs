@@ -6,16 +6,21 @@
 
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::net::TcpSocket;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
 
 use crate::evidence::record;
 use crate::server::{TestServer, Ws};
 
 const SUITE: &str = "im-09";
+
+type Sink = SplitSink<WebSocketStream<TcpStream>, Message>;
 
 fn send_fields(conv: &str, key: &str, text: &str) -> Value {
     json!({"conv_id": conv, "client_msg_id": key, "body": {"type": "text", "text": text}})
@@ -65,6 +70,74 @@ async fn metric_until(s: &TestServer, series: &str, value: f64, wait: Duration) 
     }
 }
 
+/// A raw WebSocket client on a tiny receive buffer that sends `count` big
+/// syncs of `conv` and never reads: the writing task (it blocks once the
+/// server stops reading) and the unread half, which keeps the connection open.
+async fn never_reading_syncs(
+    s: &TestServer,
+    token: &str,
+    conv: &str,
+    count: usize,
+) -> (JoinHandle<Result<Sink, WsError>>, SplitStream<WebSocketStream<TcpStream>>) {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let tcp = socket.connect(([127, 0, 0, 1], s.port).into()).await.expect("connect");
+    let mut req = format!("ws://127.0.0.1:{}/v1/ws", s.port).into_client_request().expect("request");
+    req.headers_mut().insert("Authorization", format!("Bearer {token}").parse().expect("header"));
+    let (attacker, _) = tokio_tungstenite::client_async(req, tcp).await.expect("upgrade");
+    let (mut sink, unread) = attacker.split();
+    let frames: Vec<String> = (1..=count)
+        .map(|id| json!({"id": id, "op": "sync", "conv_id": conv, "after_seq": 0, "limit": 1000}).to_string())
+        .collect();
+    let writing = tokio::spawn(async move {
+        for f in frames {
+            sink.feed(Message::Text(f)).await?;
+        }
+        sink.flush().await?;
+        Ok(sink)
+    });
+    (writing, unread)
+}
+
+/// `(connections - idle, in_use)` from `/metrics` once both read 0, or after 2 s.
+async fn pool_after(s: &TestServer) -> (Option<f64>, Option<f64>) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let connections = metric(s, "imcore_db_pool{state=\"connections\"}").await;
+        let idle = metric(s, "imcore_db_pool{state=\"idle\"}").await;
+        let in_use = metric(s, "imcore_db_pool{state=\"in_use\"}").await;
+        let checked_out = connections.zip(idle).map(|(c, i)| c - i);
+        if (checked_out == Some(0.0) && in_use == Some(0.0)) || Instant::now() >= deadline {
+            return (checked_out, in_use);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `count` sequential requests, `get_conversation` and `send` in turn: the
+/// latencies (ms) of those answered `ok`, and the failures (stops at the first
+/// request unanswered after 2 s).
+async fn timed_requests(ws: &mut Ws, conv: &str, count: usize) -> (Vec<f64>, Vec<Value>) {
+    let (mut latencies_ms, mut failures) = (vec![], vec![]);
+    for i in 0..count {
+        let (op, fields) = if i % 2 == 0 {
+            ("get_conversation", json!({"conv_id": conv}))
+        } else {
+            ("send", send_fields(conv, &format!("v{i}"), "hi"))
+        };
+        let started = Instant::now();
+        match tokio::time::timeout(Duration::from_secs(2), ws.request(op, fields)).await {
+            Ok(r) if r["ok"] == json!(true) => latencies_ms.push(started.elapsed().as_secs_f64() * 1e3),
+            Ok(r) => failures.push(r),
+            Err(_) => {
+                failures.push(json!(format!("{op}: no answer within 2 s")));
+                break;
+            }
+        }
+    }
+    (latencies_ms, failures)
+}
+
 #[actix_web::test]
 async fn a_client_that_never_reads_its_sync_replies_does_not_starve_the_pool() {
     const POOL: u32 = 4;
@@ -80,26 +153,8 @@ async fn a_client_that_never_reads_its_sync_replies_does_not_starve_the_pool() {
     filler.close().await;
     let mut victim = s.ws(&ana).await;
 
-    // The attacker: a tiny receive buffer, a thousand big syncs, never a read.
-    let socket = TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let tcp = socket.connect(([127, 0, 0, 1], s.port).into()).await.expect("connect");
-    let mut req = format!("ws://127.0.0.1:{}/v1/ws", s.port).into_client_request().expect("request");
-    req.headers_mut().insert("Authorization", format!("Bearer {eve}").parse().expect("header"));
-    let (attacker, _) = tokio_tungstenite::client_async(req, tcp).await.expect("upgrade");
-    let (mut sink, unread) = attacker.split();
-    let frames: Vec<String> = (1..=ATTACK)
-        .map(|id| json!({"id": id, "op": "sync", "conv_id": attacked, "after_seq": 0, "limit": 1000}).to_string())
-        .collect();
     let attack_started = Instant::now();
-    // Written from a task of its own: once the server stops reading, the writes would block.
-    let mut attack = tokio::spawn(async move {
-        for f in frames {
-            sink.feed(Message::Text(f)).await?;
-        }
-        sink.flush().await?;
-        Ok::<_, tokio_tungstenite::tungstenite::Error>(sink)
-    });
+    let (mut attack, unread) = never_reading_syncs(&s, &eve, &attacked, ATTACK).await;
     let attack_written = tokio::time::timeout(Duration::from_secs(5), &mut attack).await.is_ok();
 
     // A first request of another user, as the attack lands: it must be
@@ -117,39 +172,12 @@ async fn a_client_that_never_reads_its_sync_replies_does_not_starve_the_pool() {
     // series `connections` - `idle`), and the `in_use` gauge says so.
     let running = metric_until(&s, "imcore_requests_running", 0.0, Duration::from_secs(10)).await;
     let drained_ms = attack_started.elapsed().as_millis();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let (connections, idle, in_use) = loop {
-        let connections = metric(&s, "imcore_db_pool{state=\"connections\"}").await;
-        let idle = metric(&s, "imcore_db_pool{state=\"idle\"}").await;
-        let in_use = metric(&s, "imcore_db_pool{state=\"in_use\"}").await;
-        if (connections == idle && in_use == Some(0.0)) || Instant::now() >= deadline {
-            break (connections, idle, in_use);
-        }
-        tokio::task::yield_now().await;
-    };
-    let checked_out = connections.zip(idle).map(|(c, i)| c - i);
+    let (checked_out, in_use) = pool_after(&s).await;
     let released = checked_out == Some(0.0) && in_use == checked_out;
 
     // Another user, with the attacker still connected and stalled:
     // sequential reads and sends, each timed.
-    let mut latencies_ms = vec![];
-    let mut failures = vec![];
-    for i in 0..SAMPLES {
-        let (op, fields) = if i % 2 == 0 {
-            ("get_conversation", json!({"conv_id": conv}))
-        } else {
-            ("send", send_fields(&conv, &format!("v{i}"), "hi"))
-        };
-        let started = Instant::now();
-        match tokio::time::timeout(Duration::from_secs(2), victim.request(op, fields)).await {
-            Ok(r) if r["ok"] == json!(true) => latencies_ms.push(started.elapsed().as_secs_f64() * 1e3),
-            Ok(r) => failures.push(r),
-            Err(_) => {
-                failures.push(json!(format!("{op}: no answer within 2 s")));
-                break;
-            }
-        }
-    }
+    let (latencies_ms, failures) = timed_requests(&mut victim, &conv, SAMPLES).await;
     let answered = latencies_ms.len();
     let p99_ms = if failures.is_empty() { p99(latencies_ms) } else { f64::INFINITY };
 
