@@ -14,6 +14,7 @@ use imcore_actors::conversation::ActorConfig;
 use imcore_actors::hub::HubConfig;
 
 use crate::domain::DEFAULT_MAX_BODY_BYTES;
+use crate::store::SYNC_DEFAULT_MAX_BYTES;
 
 /// How sends reach PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -63,6 +64,11 @@ pub struct Config {
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "IMCORE_LOG", default_value = "info")]
     pub log: String,
+
+    /// Bytes of event bodies in one `sync` reply; a page stops early at this
+    /// budget (always at least one event) and says `has_more`.
+    #[arg(long, env = "IMCORE_SYNC_MAX_BYTES", default_value_t = SYNC_DEFAULT_MAX_BYTES)]
+    pub sync_max_bytes: usize,
 }
 
 const DEFAULT_DATA_DIR: &str = "./var";
@@ -82,6 +88,7 @@ impl Config {
             ws: WsSettings::default(),
             workers: 0,
             log: "warn".into(),
+            sync_max_bytes: SYNC_DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -236,11 +243,20 @@ pub struct WsSettings {
     /// closed (1013) and the client syncs.
     #[arg(long = "ws-mailbox", value_name = "WS_MAILBOX", env = "IMCORE_WS_MAILBOX", default_value_t = WsSettings::default().mailbox)]
     pub mailbox: usize,
+
+    /// WebSocket: requests of one connection in flight at once; beyond it, `OVERLOADED`.
+    #[arg(
+        long = "ws-max-inflight",
+        value_name = "WS_MAX_INFLIGHT",
+        env = "IMCORE_WS_MAX_INFLIGHT",
+        default_value_t = WsSettings::default().max_inflight
+    )]
+    pub max_inflight: usize,
 }
 
 impl Default for WsSettings {
     fn default() -> Self {
-        Self { ping_ms: 15_000, timeout_ms: 45_000, max_frame_bytes: 64 * 1024, mailbox: 256 }
+        Self { ping_ms: 15_000, timeout_ms: 45_000, max_frame_bytes: 64 * 1024, mailbox: 256, max_inflight: 64 }
     }
 }
 

@@ -14,6 +14,8 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::store::Pool;
+
 pub struct Metrics {
     registry: Registry,
     /// `op`, `transport` (`ws` | `http`).
@@ -36,8 +38,11 @@ pub struct Metrics {
     pub connections: IntGaugeVec,
     /// Sampled at scrape: conversation actors alive (actor write path).
     pub live_actors: IntGauge,
-    /// Sampled at scrape: pool `connections` and `idle`.
+    /// Sampled at scrape from the pool's own state: see [`sample_pool`].
     pub pool: IntGaugeVec,
+    /// Requests whose work is running now (both transports); held by a
+    /// [`Running`] guard, so a finished or dropped request always leaves it.
+    pub requests_running: IntGauge,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -69,7 +74,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     let pool = IntGaugeVec::new(
         Opts::new(
             "db_pool",
-            "Database pool: state=connections|idle|pending_gets|waited_gets_total|timed_out_gets_total|wait_ms_total",
+            "Database pool: state=connections|idle|in_use|waited_gets_total|timed_out_gets_total|wait_ms_total",
         ),
         &["state"],
     )?;
@@ -82,7 +87,10 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(kicks.clone()))?;
     registry.register(Box::new(connections.clone()))?;
     registry.register(Box::new(live_actors.clone()))?;
+    let requests_running =
+        IntGauge::new("requests_running", "Requests whose work is running (answers not yet produced)")?;
     registry.register(Box::new(pool.clone()))?;
+    registry.register(Box::new(requests_running.clone()))?;
     Ok(Metrics {
         registry,
         requests,
@@ -95,6 +103,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         connections,
         live_actors,
         pool,
+        requests_running,
     })
 }
 
@@ -127,6 +136,39 @@ pub fn write_phase_totals() -> Vec<(f64, u64)> {
             (h.get_sample_sum(), h.get_sample_count())
         })
         .collect()
+}
+
+/// Sets the pool gauges from `pool.state()` as it is now: `connections`,
+/// `idle`, `in_use` (checked out), and bb8's running totals of gets that
+/// waited, timed out, and their wait. bb8's `pending_gets` is left out: it is
+/// gets started minus gets finished, so every get dropped while waiting (a
+/// request cancelled) would count as pending forever.
+pub fn sample_pool(pool: &Pool) {
+    let state = pool.state();
+    let set = |name: &str, n: u64| METRICS.pool.with_label_values(&[name]).set(i64::try_from(n).unwrap_or(i64::MAX));
+    set("connections", state.connections.into());
+    set("idle", state.idle_connections.into());
+    set("in_use", state.connections.saturating_sub(state.idle_connections).into());
+    let stats = &state.statistics;
+    set("waited_gets_total", stats.get_waited);
+    set("timed_out_gets_total", stats.get_timed_out);
+    set("wait_ms_total", u64::try_from(stats.get_wait_time.as_millis()).unwrap_or(u64::MAX));
+}
+
+/// Counts one request in [`Metrics::requests_running`] while it lives.
+pub struct Running(());
+
+impl Running {
+    pub fn start() -> Self {
+        METRICS.requests_running.inc();
+        Self(())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        METRICS.requests_running.dec();
+    }
 }
 
 pub fn observe_send(elapsed: Duration) {

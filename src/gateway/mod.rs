@@ -96,15 +96,7 @@ async fn metrics_text(state: web::Data<AppState>) -> HttpResponse {
     if let Writer::Actor(hub) = &state.writer {
         m.live_actors.set(hub.live_actors() as i64);
     }
-    let pool = state.store.pool().state();
-    m.pool.with_label_values(&["connections"]).set(i64::from(pool.connections));
-    m.pool.with_label_values(&["idle"]).set(i64::from(pool.idle_connections));
-    let stats = &pool.statistics;
-    let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    m.pool.with_label_values(&["pending_gets"]).set(as_i64(stats.pending_gets()));
-    m.pool.with_label_values(&["waited_gets_total"]).set(as_i64(stats.get_waited));
-    m.pool.with_label_values(&["timed_out_gets_total"]).set(as_i64(stats.get_timed_out));
-    m.pool.with_label_values(&["wait_ms_total"]).set(as_i64(stats.get_wait_time.as_millis() as u64));
+    crate::metrics::sample_pool(state.store.pool());
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render())
 }
 

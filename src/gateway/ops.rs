@@ -20,7 +20,7 @@ use tracing::Instrument;
 use super::error::ApiError;
 use super::AppState;
 use crate::domain::{format_time, Body, DeliveryMode, JoinMode};
-use crate::metrics::{metrics, observe_send};
+use crate::metrics::{metrics, observe_send, Running};
 use crate::protocol::{conversation_json, event_json, push_read, send_ack_json};
 use crate::store::{
     Appended, CreateConversation, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
@@ -253,6 +253,7 @@ pub fn dispatch(
         device_id = caller.device_id.as_str(),
     );
     let _queueing = span.enter();
+    let running = Running::start();
     let state = state.clone();
     let caller = caller.clone();
     match req {
@@ -266,6 +267,7 @@ pub fn dispatch(
             });
             let written = state.writer.write(conv, op);
             async move {
+                let _running = running;
                 let result = written.await;
                 observe_send(started.elapsed());
                 match result? {
@@ -279,7 +281,12 @@ pub fn dispatch(
             .instrument(span.clone())
             .boxed_local()
         }
-        other => async move { run(&state, &caller, other).await }.instrument(span.clone()).boxed_local(),
+        other => async move {
+            let _running = running;
+            run(&state, &caller, other).await
+        }
+        .instrument(span.clone())
+        .boxed_local(),
     }
 }
 
@@ -336,6 +343,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
                 before_seq: p.before_seq,
                 limit: p.limit,
                 epoch: p.epoch,
+                max_bytes: state.config.sync_max_bytes,
             };
             let page = state.store.sync(&sync).await?;
             let events: Vec<Value> = page.events.iter().map(event_json).collect();

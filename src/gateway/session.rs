@@ -2,10 +2,16 @@
 //! module that uses `actix-web-actors` (deprecated upstream; replacing it
 //! means rewriting this file alone).
 //!
-//! * Frames are handled in arrival order; each request runs as a spawned
-//!   future answering through the context, so replies may come in any order
-//!   (`id` pairs them). A `send` is queued on the writer while its frame is
-//!   handled, so one connection's sends to one conversation keep their order.
+//! * Frames are handled in arrival order; each request runs on a task of its
+//!   own and comes back as an [`Answered`] message, so replies may come in any
+//!   order (`id` pairs them). A `send` is queued on the writer while its frame
+//!   is handled, so one connection's sends to one conversation keep their order.
+//! * In flight: at most `ws.max_inflight` requests per connection, `OVERLOADED`
+//!   beyond. A request's database work never waits on this actor being polled
+//!   (which stops while the client does not read, see "Outbound"): its pooled
+//!   connection is back as soon as the query is done, and the finished answer
+//!   waits in the mailbox, so a stalled client holds at most `ws.max_inflight`
+//!   answers (each bounded: `sync` pages by `sync_max_bytes`) and no connection.
 //! * Routing (P7): the connection id is allocated at accept, the route is
 //!   registered when the actor starts (a replaced connection is kicked, a stale
 //!   registration closes this one) and removed by compare-and-remove when it
@@ -24,7 +30,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Handler, StreamHandler, WrapFuture};
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Handler, Message, StreamHandler, WrapFuture};
 use actix_http::error::PayloadError;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -220,18 +226,48 @@ impl WsSession {
             Ok(req) => req,
             Err(e) => return Self::reply(ctx, Some(&id), Err(e)),
         };
+        self.dispatch(id, req, ctx);
+    }
+
+    /// Runs `req` on a task of its own, so that its database work does not
+    /// depend on this session being polled; the answer comes back as [`Answered`].
+    fn dispatch(&mut self, id: Value, req: Request, ctx: &mut ws::WebsocketContext<Self>) {
+        let max = self.state.config.ws.max_inflight;
+        if self.inflight >= max {
+            let e = ApiError::new(ErrorCode::Overloaded, format!("over {max} requests in flight on this connection"));
+            return Self::reply(ctx, Some(&id), Err(e));
+        }
         // Dispatched now, in frame order (a send is queued before this returns).
         let answer = ops::dispatch(&self.state, &self.owner, req, "ws");
         self.inflight += 1;
-        ctx.spawn(answer.into_actor(self).map(move |result, act, ctx| {
-            act.inflight -= 1;
-            Self::reply(ctx, Some(&id), result);
-            if act.inflight == 0 {
-                if let Some(reason) = act.closing {
-                    act.kick(reason, ctx);
-                }
+        let session = ctx.address();
+        actix::spawn(async move {
+            let result = answer.await;
+            // Queued even past the mailbox capacity: at most `inflight` of them.
+            session.do_send(Answered { id, result });
+        });
+    }
+}
+
+/// A request's answer, back from its task.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Answered {
+    id: Value,
+    result: Result<Reply, ApiError>,
+}
+
+impl Handler<Answered> for WsSession {
+    type Result = ();
+
+    fn handle(&mut self, answered: Answered, ctx: &mut Self::Context) {
+        self.inflight -= 1;
+        Self::reply(ctx, Some(&answered.id), answered.result);
+        if self.inflight == 0 {
+            if let Some(reason) = self.closing {
+                self.kick(reason, ctx);
             }
-        }));
+        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! History reads (PROTOCOL §5 `sync`, seed 000 §4.3): a primary-key range scan
 //! of `(conv_id, seq)` per membership period of the caller — a member sees
 //! exactly the events inside its periods, a former member still reads its own.
+//! A page is bounded by `limit` and by a budget of body bytes; the pooled
+//! connection is returned before the rows are decoded.
 
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use tokio_postgres::types::Type;
@@ -11,6 +13,8 @@ use crate::domain::{Event, EventKind, LeaveReason, Rejection};
 
 pub const SYNC_DEFAULT_LIMIT: i64 = 100;
 pub const SYNC_MAX_LIMIT: i64 = 1000;
+/// Bytes of event bodies in one page, unless configured otherwise.
+pub const SYNC_DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct SyncRequest {
@@ -23,11 +27,23 @@ pub struct SyncRequest {
     pub limit: i64,
     /// The client's epoch; a different one is `EPOCH_CHANGED`.
     pub epoch: Option<i32>,
+    /// Budget of body bytes: the page ends at the event that would exceed it
+    /// (its first body always fits), so one reply stays bounded however
+    /// large `limit` times the largest body is.
+    pub max_bytes: usize,
 }
 
 impl SyncRequest {
     pub fn forward(conv: ConvId, user: UserId, after_seq: i64) -> Self {
-        Self { conv, user, after_seq: Some(after_seq), before_seq: None, limit: SYNC_DEFAULT_LIMIT, epoch: None }
+        Self {
+            conv,
+            user,
+            after_seq: Some(after_seq),
+            before_seq: None,
+            limit: SYNC_DEFAULT_LIMIT,
+            epoch: None,
+            max_bytes: SYNC_DEFAULT_MAX_BYTES,
+        }
     }
 }
 
@@ -43,6 +59,7 @@ pub struct SyncPage {
     pub next_after: i64,
     /// Backward paging: pass as the next `before_seq` (the lowest seq scanned).
     pub next_before: Option<i64>,
+    /// More visible events follow the page: `limit` or the byte budget ended it.
     pub has_more: bool,
     /// `after_seq` was below the retained log; the page starts at `min_seq`.
     pub truncated: bool,
@@ -119,8 +136,12 @@ impl Store {
                     ],
                 )
                 .await?;
-            page.has_more = rows.len() as i64 > limit;
-            page.events = rows.iter().take(limit as usize).rev().filter_map(|r| event_from_row(&req.conv, r)).collect();
+            drop(conn);
+            // Newest first, so the budget keeps the events nearest `before_seq`.
+            let (mut events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes);
+            events.reverse();
+            page.has_more = cut || rows.len() as i64 > limit;
+            page.events = events;
             page.next_before = page.events.first().map(|e| e.seq);
             page.next_after = page.events.last().map_or(before.min(head + 1) - 1, |e| e.seq);
             return Ok(page);
@@ -142,14 +163,41 @@ impl Store {
                 ],
             )
             .await?;
-        page.has_more = rows.len() as i64 > limit;
-        page.events = rows.iter().take(limit as usize).filter_map(|r| event_from_row(&req.conv, r)).collect();
+        drop(conn);
+        let (events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes);
+        page.has_more = cut || rows.len() as i64 > limit;
+        page.events = events;
         page.next_after = match page.events.last() {
             Some(last) if page.has_more => last.seq,
             // Nothing visible remains up to head: the scan covered it all.
             _ => after.max(head),
         };
         Ok(page)
+    }
+}
+
+/// Decodes `rows` in order until their bodies would exceed `max_bytes`; the
+/// first event with a body is always taken, so paging progresses. True when
+/// the budget cut the page short.
+fn within_budget<'a>(conv: &ConvId, rows: impl Iterator<Item = &'a Row>, max_bytes: usize) -> (Vec<Event>, bool) {
+    let (mut events, mut used) = (vec![], 0usize);
+    for event in rows.filter_map(|r| event_from_row(conv, r)) {
+        let size = body_bytes(&event);
+        if used > 0 && used.saturating_add(size) > max_bytes {
+            return (events, true);
+        }
+        used = used.saturating_add(size);
+        events.push(event);
+    }
+    (events, false)
+}
+
+/// The bytes an event carries beyond its fixed fields.
+fn body_bytes(event: &Event) -> usize {
+    match &event.kind {
+        EventKind::Msg { body, .. } => body.as_ref().map_or(0, String::len),
+        EventKind::Group { change, .. } => change.len(),
+        EventKind::Recall { .. } | EventKind::Join { .. } | EventKind::Leave { .. } => 0,
     }
 }
 

@@ -13,6 +13,7 @@ mod gateway_faults;
 mod gateway_races;
 mod harness;
 mod inbox;
+mod overload;
 mod seed_000;
 mod server;
 mod startup;
