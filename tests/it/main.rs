@@ -2,6 +2,7 @@
 //! One binary, so the run shares one cluster.
 
 mod actor_path;
+mod embedded_pg;
 #[macro_use]
 mod env;
 mod evidence;
