@@ -8,6 +8,7 @@ use super::error::ApiError;
 use super::http::fields;
 use super::{auth, AppState};
 use crate::delivery::{KickReason, Push};
+use crate::domain::{check_text, MAX_DISPLAY_NAME_CHARS};
 
 fn string_field<'a>(fields: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
     fields.get(name).and_then(Value::as_str).ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
@@ -24,8 +25,11 @@ async fn create_user(
     let user = UserId::parse(string_field(&fields, "user_id")?)?;
     let display_name = match fields.get("display_name") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.chars().count() <= 256 => Some(s.as_str()),
-        Some(_) => return Err(ApiError::bad_request("`display_name` must be a string of at most 256 characters")),
+        Some(Value::String(s)) => {
+            check_text("display_name", s, MAX_DISPLAY_NAME_CHARS).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            Some(s.as_str())
+        }
+        Some(_) => return Err(ApiError::bad_request("`display_name` must be a string")),
     };
     state.store.create_user(&user, display_name).await?;
     Ok(HttpResponse::Created().json(json!({ "user_id": user.as_str() })))
