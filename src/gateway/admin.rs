@@ -1,11 +1,12 @@
 //! Admin endpoints (PROTOCOL §3, §6), authenticated with the admin token.
 
+use actix_web::http::Method;
 use actix_web::{web, HttpRequest, HttpResponse};
 use imcore_actors::{ConvId, DeviceId, UserId};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::http::fields;
+use super::http::{fields, resource};
 use super::{auth, AppState};
 use crate::delivery::{KickReason, Push};
 use crate::domain::{check_text, MAX_DISPLAY_NAME_CHARS};
@@ -70,7 +71,7 @@ async fn bump_epoch(state: web::Data<AppState>, req: HttpRequest) -> Result<Http
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/v1/admin/users", web::post().to(create_user))
-        .route("/v1/admin/users/{user_id}/devices", web::post().to(issue_device))
-        .route("/v1/admin/conversations/{conv_id}/epoch", web::post().to(bump_epoch));
+    cfg.service(resource("/v1/admin/users", vec![(Method::POST, web::to(create_user))]))
+        .service(resource("/v1/admin/users/{user_id}/devices", vec![(Method::POST, web::to(issue_device))]))
+        .service(resource("/v1/admin/conversations/{conv_id}/epoch", vec![(Method::POST, web::to(bump_epoch))]));
 }
