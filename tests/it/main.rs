@@ -10,6 +10,7 @@ mod gateway;
 mod gateway_faults;
 mod harness;
 mod inbox;
+mod input_forms;
 mod seed_000;
 mod server;
 mod startup;
