@@ -72,7 +72,11 @@ pub async fn upgrade(
         fragments: None,
         oversized,
     };
-    let response = ws::WsResponseBuilder::new(session, &req, stream).frame_size(max_frame).start()?;
+    // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
+    let response = ws::WsResponseBuilder::new(session, &req, stream)
+        .frame_size(max_frame)
+        .start()
+        .map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
     metrics().ws_accepted.inc();
     Ok(response)
 }
