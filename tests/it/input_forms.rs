@@ -14,7 +14,11 @@ fn code(v: &Value) -> &str {
 
 /// Rows of `users`, `conversations` and `events`: what a refused input must leave as it was.
 pub async fn row_counts(db: &TestDb) -> [i64; 3] {
-    let c = db.client().await;
+    rows_of(&db.client().await).await
+}
+
+/// [`row_counts`] on a connection of the caller's.
+pub async fn rows_of(c: &tokio_postgres::Client) -> [i64; 3] {
     let mut counts = [0; 3];
     for (n, table) in counts.iter_mut().zip(["users", "conversations", "events"]) {
         *n = c.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.expect("count").get(0);

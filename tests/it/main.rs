@@ -6,6 +6,7 @@ mod embedded_pg;
 #[macro_use]
 mod env;
 mod evidence;
+mod fuzz_edges;
 mod gateway;
 mod gateway_faults;
 mod harness;
