@@ -83,9 +83,10 @@ pub struct CreatedConversation {
 /// Prefix of direct conversation ids; refused for client-chosen group ids.
 const DIRECT_PREFIX: &str = "d-";
 
-/// The refusal of a client-chosen group id that is taken (`FORBIDDEN`). That
-/// the id is not free is all a creator can learn, and it cannot be hidden (the
-/// create would otherwise succeed); `ALREADY_EXISTS` would say more than that.
+/// The refusal of a client-chosen group id that is taken (`FORBIDDEN`), the
+/// same whoever asks. That the id is not free cannot be hidden (a free one
+/// would be created); `ALREADY_EXISTS` told a stranger that a group it cannot
+/// see exists.
 const TAKEN_ID: &str = "conv_id is not available: choose another, or omit it to have one assigned";
 
 /// The id of the direct conversation of a pair, whoever creates it.
