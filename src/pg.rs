@@ -4,7 +4,11 @@
 //! * The cluster lives in `<data_dir>/pg`, its password in `<data_dir>/pg-password`
 //!   (password auth on 127.0.0.1 only; no Unix socket). Data survives restarts.
 //! * PostgreSQL refuses to run as root: when we are root, the server runs as the
-//!   `postgres` user (or `nobody`), which owns the cluster directory.
+//!   `postgres` user (or `nobody`), which owns the cluster directory and must be
+//!   able to search every directory down to it. A data directory private to
+//!   root (`mktemp -d`: 0700) gets one POSIX ACL entry letting that user, and no
+//!   one else, search it; a blocking directory above the data directory is not
+//!   ours to change, so start-up stops with one line naming it.
 //! * The server is our child in its own process group (a terminal's Ctrl-C reaches
 //!   us, and we shut down in order), and it gets SIGINT (fast shutdown) if we die
 //!   without stopping it (`PR_SET_PDEATHSIG`, set from a keeper thread that lives
@@ -46,6 +50,12 @@ pub enum PgError {
     Failed { step: String, detail: String },
     #[error("data directory {0} is in use by a running imcore (pid {1})")]
     InUse(PathBuf, i32),
+    #[error(
+        "the embedded PostgreSQL runs as `{user}` (imcore runs as root), which cannot search {dir} on the way to \
+         the data directory {root}: let it (`setfacl -m u:{user}:x {dir}`), choose an IMCORE_DATA_DIR it can reach, \
+         or set DATABASE_URL"
+    )]
+    Unreachable { user: &'static str, dir: PathBuf, root: PathBuf },
 }
 
 fn io(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> PgError {
@@ -84,6 +94,7 @@ pub struct EmbeddedPg {
 /// The account the server runs as when we are root.
 #[derive(Debug, Clone, Copy)]
 struct RunAs {
+    name: &'static str,
     uid: u32,
     gid: u32,
 }
@@ -96,6 +107,9 @@ impl EmbeddedPg {
         let run_as = run_as()?;
         fs::DirBuilder::new().recursive(true).mode(0o755).create(&opts.root).map_err(io("create data directory"))?;
         let root = opts.root.canonicalize().map_err(io("resolve data directory"))?;
+        if let Some(r) = run_as {
+            make_searchable(&bindir, &root, r)?;
+        }
         let cluster = root.join("pg");
         let password = if cluster.join("PG_VERSION").exists() {
             fs::read_to_string(root.join("pg-password")).map_err(io("read pg-password"))?.trim().to_owned()
@@ -368,7 +382,7 @@ fn run_as() -> Result<Option<RunAs>, PgError> {
             passwd.lines().find_map(|l| {
                 let f: Vec<&str> = l.split(':').collect();
                 (f.len() > 3 && f[0] == *name)
-                    .then(|| Some(RunAs { uid: f[2].parse().ok()?, gid: f[3].parse().ok()? }))?
+                    .then(|| Some(RunAs { name, uid: f[2].parse().ok()?, gid: f[3].parse().ok()? }))?
             })
         })
         .map(Some)
@@ -376,4 +390,85 @@ fn run_as() -> Result<Option<RunAs>, PgError> {
             step: "find an unprivileged user".into(),
             detail: "neither postgres nor nobody exists".into(),
         })
+}
+
+/// Lets `r` search `root`, the only directory on the way to the cluster that
+/// is ours to change; any other blocking directory stops start-up with
+/// [`PgError::Unreachable`] naming it.
+fn make_searchable(bindir: &Path, root: &Path, r: RunAs) -> Result<(), PgError> {
+    let mut way: Vec<&Path> = root.ancestors().collect();
+    way.reverse();
+    for dir in way {
+        if can_search(bindir, dir, r)? {
+            continue;
+        }
+        if dir == root && grant_search(root, r.uid) && can_search(bindir, root, r)? {
+            tracing::info!(dir = %root.display(), user = r.name, "granted search permission on the data directory");
+            continue;
+        }
+        return Err(PgError::Unreachable { user: r.name, dir: dir.to_path_buf(), root: root.to_path_buf() });
+    }
+    Ok(())
+}
+
+/// Whether `r` can search `dir`, tried for real (so ACLs and every other rule
+/// count): a harmless `postgres --version` run as `r` from inside `dir`, which
+/// fails to start when the change of directory (done after the change of
+/// user) is refused.
+fn can_search(bindir: &Path, dir: &Path, r: RunAs) -> Result<bool, PgError> {
+    let probe = Command::new(bindir.join("postgres"))
+        .arg("--version")
+        .current_dir(dir)
+        .uid(r.uid)
+        .gid(r.gid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match probe {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Ok(false),
+        Err(e) => Err(PgError::Io { step: format!("try {} as {}", dir.display(), r.name), source: e }),
+    }
+}
+
+/// Adds the POSIX ACL entry `user:<uid>:--x` to `dir`, keeping what the mode
+/// gives everyone else (the mask is the group bits plus search, so the owning
+/// group gains nothing). False when that cannot be done exactly: `dir` has an
+/// ACL already (merging could widen what its mask limits), or the file system
+/// has no ACLs.
+fn grant_search(dir: &Path, uid: u32) -> bool {
+    const NAME: &[u8] = b"system.posix_acl_access\0";
+    // Entry tags (linux/posix_acl.h), in the order the kernel requires.
+    const USER_OBJ: u16 = 0x01;
+    const USER: u16 = 0x02;
+    const GROUP_OBJ: u16 = 0x04;
+    const MASK: u16 = 0x10;
+    const OTHER: u16 = 0x20;
+    const NO_ID: u32 = u32::MAX;
+    let (Ok(meta), Ok(path)) = (fs::metadata(dir), std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())) else {
+        return false;
+    };
+    // SAFETY: both strings are NUL-terminated; a null buffer of size 0 only asks for the size.
+    let existing = unsafe { libc::getxattr(path.as_ptr(), NAME.as_ptr().cast(), std::ptr::null_mut(), 0) };
+    if existing >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENODATA) {
+        return false;
+    }
+    let mode = meta.permissions().mode();
+    let bits = |shift: u32| ((mode >> shift) & 0o7) as u16;
+    let entries = [
+        (USER_OBJ, bits(6), NO_ID),
+        (USER, 0o1, uid),
+        (GROUP_OBJ, bits(3), NO_ID),
+        (MASK, bits(3) | 0o1, NO_ID),
+        (OTHER, bits(0), NO_ID),
+    ];
+    let mut acl = 2u32.to_le_bytes().to_vec(); // POSIX_ACL_XATTR_VERSION
+    for (tag, perm, id) in entries {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    // SAFETY: NUL-terminated strings and a buffer of the length given.
+    unsafe { libc::setxattr(path.as_ptr(), NAME.as_ptr().cast(), acl.as_ptr().cast(), acl.len(), 0) == 0 }
 }

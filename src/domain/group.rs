@@ -3,6 +3,11 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// Longest duration setting (`recall_window_ms`, `retention_ms`): 100 years.
+/// Far past any real use, and far inside what both chrono and PostgreSQL
+/// intervals can add to a time, so no check against one can overflow.
+pub const MAX_DURATION_MS: i64 = 100 * 36_524 * 24 * 3_600 * 1_000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Owner,

@@ -1,14 +1,17 @@
 //! Domain rules that hold whatever the transport or storage: bodies and their
-//! fingerprints, roles and permission bits, the rejections a request can meet.
+//! fingerprints, roles and permission bits, the forms of names, the rejections
+//! a request can meet.
 
 mod body;
 mod event;
 mod group;
 mod rejection;
+mod text;
 mod time;
 
 pub use body::{Body, BodyError, DEFAULT_MAX_BODY_BYTES};
 pub use event::{Event, EventKind, LeaveReason};
-pub use group::{DeliveryMode, JoinMode, Permission, Role};
+pub use group::{DeliveryMode, JoinMode, Permission, Role, MAX_DURATION_MS};
 pub use rejection::Rejection;
+pub use text::{check_text, TextError, MAX_DISPLAY_NAME_CHARS, MAX_GROUP_NAME_CHARS};
 pub use time::format_time;

@@ -1,13 +1,15 @@
 //! Admin endpoints (PROTOCOL §3, §6), authenticated with the admin token.
 
+use actix_web::http::Method;
 use actix_web::{web, HttpRequest, HttpResponse};
 use imcore_actors::{ConvId, DeviceId, UserId};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::http::fields;
+use super::http::{fields, resource};
 use super::{auth, AppState};
 use crate::delivery::{KickReason, Push};
+use crate::domain::{check_text, MAX_DISPLAY_NAME_CHARS};
 
 fn string_field<'a>(fields: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
     fields.get(name).and_then(Value::as_str).ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
@@ -24,8 +26,11 @@ async fn create_user(
     let user = UserId::parse(string_field(&fields, "user_id")?)?;
     let display_name = match fields.get("display_name") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.chars().count() <= 256 => Some(s.as_str()),
-        Some(_) => return Err(ApiError::bad_request("`display_name` must be a string of at most 256 characters")),
+        Some(Value::String(s)) => {
+            check_text("display_name", s, MAX_DISPLAY_NAME_CHARS).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            Some(s.as_str())
+        }
+        Some(_) => return Err(ApiError::bad_request("`display_name` must be a string")),
     };
     state.store.create_user(&user, display_name).await?;
     Ok(HttpResponse::Created().json(json!({ "user_id": user.as_str() })))
@@ -66,7 +71,7 @@ async fn bump_epoch(state: web::Data<AppState>, req: HttpRequest) -> Result<Http
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/v1/admin/users", web::post().to(create_user))
-        .route("/v1/admin/users/{user_id}/devices", web::post().to(issue_device))
-        .route("/v1/admin/conversations/{conv_id}/epoch", web::post().to(bump_epoch));
+    cfg.service(resource("/v1/admin/users", vec![(Method::POST, web::to(create_user))]))
+        .service(resource("/v1/admin/users/{user_id}/devices", vec![(Method::POST, web::to(issue_device))]))
+        .service(resource("/v1/admin/conversations/{conv_id}/epoch", vec![(Method::POST, web::to(bump_epoch))]));
 }

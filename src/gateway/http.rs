@@ -3,10 +3,10 @@
 //! cannot redirect a request to another conversation) — and goes through the
 //! same [`ops::dispatch`] as a WebSocket frame.
 
-use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::http::{header, Method, StatusCode};
+use actix_web::{web, HttpRequest, HttpResponse, Resource, Route};
 use futures_util::StreamExt;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::ops::{self, Request};
@@ -66,21 +66,39 @@ async fn call(op: &'static str, req: HttpRequest, payload: web::Payload) -> Resu
     Ok(HttpResponse::build(status).json(reply.body))
 }
 
-macro_rules! op_route {
-    ($method:ident, $op:literal) => {
-        web::$method().to(|req: HttpRequest, payload: web::Payload| call($op, req, payload))
+/// A resource answering `routes`; any other method gets 405 with `Allow` and
+/// the PROTOCOL §2 error shape (`BAD_REQUEST`), never actix's empty 405.
+pub fn resource(path: &str, routes: Vec<(Method, Route)>) -> Resource {
+    let allow: Vec<Method> = routes.iter().map(|(m, _)| m.clone()).collect();
+    let resource = routes.into_iter().fold(web::resource(path), |r, (m, route)| r.route(route.method(m)));
+    resource.default_service(web::to(move || method_not_allowed(allow.clone())))
+}
+
+async fn method_not_allowed(allow: Vec<Method>) -> HttpResponse {
+    let e = ApiError::bad_request("this route does not take that method (see Allow)");
+    e.count();
+    HttpResponse::MethodNotAllowed().insert_header(header::Allow(allow)).json(json!({ "error": e.0 }))
+}
+
+/// Any path no route knows: 404 `NOT_FOUND` in the PROTOCOL §2 shape.
+pub async fn not_found() -> Result<HttpResponse, ApiError> {
+    Err(ApiError::new(ErrorCode::NotFound, "no such route"))
+}
+
+macro_rules! op {
+    ($op:literal) => {
+        web::to(|req: HttpRequest, payload: web::Payload| call($op, req, payload))
     };
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/v1/conversations")
-            .route(op_route!(post, "create_conversation"))
-            .route(op_route!(get, "conversations")),
-    )
-    .service(web::resource("/v1/conversations/{conv_id}").route(op_route!(get, "get_conversation")))
-    .service(web::resource("/v1/conversations/{conv_id}/messages").route(op_route!(post, "send")))
-    .service(web::resource("/v1/conversations/{conv_id}/events").route(op_route!(get, "sync")))
-    .service(web::resource("/v1/conversations/{conv_id}/read").route(op_route!(post, "read")))
-    .service(web::resource("/v1/ping").route(op_route!(get, "ping")));
+    cfg.service(resource(
+        "/v1/conversations",
+        vec![(Method::POST, op!("create_conversation")), (Method::GET, op!("conversations"))],
+    ))
+    .service(resource("/v1/conversations/{conv_id}", vec![(Method::GET, op!("get_conversation"))]))
+    .service(resource("/v1/conversations/{conv_id}/messages", vec![(Method::POST, op!("send"))]))
+    .service(resource("/v1/conversations/{conv_id}/events", vec![(Method::GET, op!("sync"))]))
+    .service(resource("/v1/conversations/{conv_id}/read", vec![(Method::POST, op!("read"))]))
+    .service(resource("/v1/ping", vec![(Method::GET, op!("ping"))]));
 }

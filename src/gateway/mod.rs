@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use actix::Recipient;
+use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 use dashmap::DashMap;
 use imcore_actors::registry::ConnId;
@@ -100,11 +101,14 @@ async fn metrics_text(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render())
 }
 
+/// Every route; a wrong method answers 405 and an unknown path 404, both in
+/// the PROTOCOL §2 error shape (`http::resource`, `http::not_found`).
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(health::healthz))
-        .route("/readyz", web::get().to(health::readyz))
-        .route("/metrics", web::get().to(metrics_text))
-        .route("/v1/ws", web::get().to(session::upgrade))
+    cfg.service(http::resource("/healthz", vec![(Method::GET, web::to(health::healthz))]))
+        .service(http::resource("/readyz", vec![(Method::GET, web::to(health::readyz))]))
+        .service(http::resource("/metrics", vec![(Method::GET, web::to(metrics_text))]))
+        .service(http::resource("/v1/ws", vec![(Method::GET, web::to(session::upgrade))]))
         .configure(http::routes)
-        .configure(admin::routes);
+        .configure(admin::routes)
+        .default_service(web::to(http::not_found));
 }

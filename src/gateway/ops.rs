@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::domain::{format_time, Body, DeliveryMode, JoinMode};
+use crate::domain::{check_text, format_time, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS};
 use crate::metrics::{metrics, observe_send, Running};
 use crate::protocol::{conversation_json, event_json, push_read, send_ack_json};
 use crate::store::{
@@ -27,12 +27,13 @@ use crate::store::{
     INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
 
-/// Longest group name accepted.
-pub const MAX_NAME_CHARS: usize = 128;
 /// Largest `max_member` (the schema's bound).
 pub const MAX_GROUP_SIZE: i64 = 1_000_000;
 /// Most members named in one `create_conversation`.
 pub const MAX_CREATE_MEMBERS: usize = 1000;
+/// Longest inbox cursor accepted: ours are the hex of `<µs>:<conv_id>`, at
+/// most 170 characters.
+const MAX_CURSOR_CHARS: usize = 256;
 
 /// A parsed, checked request of a device.
 #[derive(Debug, Clone)]
@@ -93,13 +94,18 @@ impl Request {
             "get_conversation" => Request::GetConversation { conv: f.conv_id()? },
             "conversations" => Request::Conversations {
                 limit: f.int_in("limit", 1, INBOX_MAX_LIMIT)?.unwrap_or(INBOX_DEFAULT_LIMIT),
-                cursor: f.opt_str("cursor")?.map(str::to_owned),
+                cursor: f.opt_str("cursor")?.map(checked_cursor).transpose()?,
             },
             "send" => {
                 let conv = f.conv_id()?;
                 let client_msg_id = ClientMsgId::parse(f.str("client_msg_id")?)?;
-                let body = fields.get("body").ok_or_else(|| ApiError::bad_request("missing field `body`"))?;
-                Request::Send { conv, client_msg_id, body: Body::parse(body, max_body_bytes)? }
+                let body = match fields.get("body") {
+                    None => return Err(ApiError::bad_request("missing field `body`")),
+                    // A null body is how a recalled message syncs: a message never has one.
+                    Some(Value::Null) => return Err(ApiError::bad_request("`body` may not be null")),
+                    Some(body) => Body::parse(body, max_body_bytes)?,
+                };
+                Request::Send { conv, client_msg_id, body }
             }
             "sync" => {
                 let before_seq = f.int_in("before_seq", 1, i64::MAX)?;
@@ -148,9 +154,7 @@ fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
         },
         "group" => {
             let name = f.str("name")?;
-            if name.chars().count() > MAX_NAME_CHARS {
-                return Err(ApiError::bad_request(format!("`name` is over {MAX_NAME_CHARS} characters")));
-            }
+            check_text("name", name, MAX_GROUP_NAME_CHARS).map_err(|e| ApiError::bad_request(e.to_string()))?;
             let mut settings = GroupSettings::default();
             if let Some(m) = f.opt_str("delivery_mode")? {
                 settings.delivery_mode = m
@@ -165,10 +169,10 @@ fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
             if let Some(n) = f.int_in("max_member", 1, MAX_GROUP_SIZE)? {
                 settings.max_member = n as i32;
             }
-            if let Some(ms) = f.int_in("recall_window_ms", 0, i64::MAX)? {
+            if let Some(ms) = f.int_in("recall_window_ms", 0, MAX_DURATION_MS)? {
                 settings.recall_window_ms = ms;
             }
-            settings.retention_ms = f.int_in("retention_ms", 1, i64::MAX)?;
+            settings.retention_ms = f.int_in("retention_ms", 1, MAX_DURATION_MS)?;
             let conv_id = f.opt_str("conv_id")?.map(ConvId::parse).transpose()?;
             Ok(NewConversation::Group { conv_id, name: name.to_owned(), members, settings })
         }
@@ -209,6 +213,15 @@ impl<'a> Fields<'a> {
             _ => Err(ApiError::bad_request(format!("`{name}` must be an integer in {min}..={max}"))),
         }
     }
+}
+
+/// An inbox cursor is opaque, but it is always hex of bounded length: anything
+/// else cannot be one of ours and is refused before the store sees it.
+fn checked_cursor(cursor: &str) -> Result<String, ApiError> {
+    if cursor.is_empty() || cursor.len() > MAX_CURSOR_CHARS || !cursor.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request("malformed cursor: pass a `next_cursor` as it was given"));
+    }
+    Ok(cursor.to_owned())
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -404,5 +417,21 @@ mod tests {
             Some(ErrorCode::BadRequest)
         );
         assert!(parse("create_conversation", json!({"kind": "group", "name": "g", "members": ["a"]})).is_ok());
+        for extra in [json!({"name": "a\u{0}"}), json!({"name": "x".repeat(129)}), json!({"retention_ms": i64::MAX})] {
+            let mut f = json!({"kind": "group", "name": "g"});
+            f.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+            assert_eq!(code(parse("create_conversation", f)), Some(ErrorCode::BadRequest), "{extra}");
+        }
+        assert_eq!(
+            code(parse("send", json!({"conv_id": "c1", "client_msg_id": "m", "body": null}))),
+            Some(ErrorCode::BadRequest)
+        );
+        for cursor in ["", "xyz", &"a".repeat(MAX_CURSOR_CHARS + 1)] {
+            assert_eq!(
+                code(parse("conversations", json!({"cursor": cursor}))),
+                Some(ErrorCode::BadRequest),
+                "{cursor}"
+            );
+        }
     }
 }

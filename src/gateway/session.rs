@@ -43,6 +43,7 @@ use super::error::ApiError;
 use super::ops::{self, Reply, Request};
 use super::{auth, AppState};
 use crate::delivery::{Conn, KickReason, Push};
+use crate::domain::format_time;
 use crate::metrics::metrics;
 use crate::protocol::{push_kicked, ErrorCode};
 use crate::store::TokenOwner;
@@ -74,7 +75,11 @@ pub async fn upgrade(
         fragments: None,
         oversized,
     };
-    let response = ws::WsResponseBuilder::new(session, &req, stream).frame_size(max_frame).start()?;
+    // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
+    let response = ws::WsResponseBuilder::new(session, &req, stream)
+        .frame_size(max_frame)
+        .start()
+        .map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
     metrics().ws_accepted.inc();
     Ok(response)
 }
@@ -213,6 +218,11 @@ impl WsSession {
         };
         let id = match frame.get("id") {
             Some(v @ Value::Number(n)) if n.is_i64() || n.is_u64() => v.clone(),
+            // PROTOCOL §4, §7: a keep-alive needs no id, and gets none back.
+            None if frame.get("op").and_then(Value::as_str) == Some("ping") => {
+                metrics().requests.with_label_values(&["ping", "ws"]).inc();
+                return ctx.text(json!({ "pong": format_time(chrono::Utc::now()) }).to_string());
+            }
             _ => return Self::reply(ctx, None, Err(ApiError::bad_request("`id` must be an integer"))),
         };
         let Some(op) = frame.get("op").and_then(Value::as_str) else {

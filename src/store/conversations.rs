@@ -83,6 +83,12 @@ pub struct CreatedConversation {
 /// Prefix of direct conversation ids; refused for client-chosen group ids.
 const DIRECT_PREFIX: &str = "d-";
 
+/// The refusal of a client-chosen group id that is taken (`FORBIDDEN`), the
+/// same whoever asks. That the id is not free cannot be hidden (a free one
+/// would be created); `ALREADY_EXISTS` told a stranger that a group it cannot
+/// see exists.
+const TAKEN_ID: &str = "conv_id is not available: choose another, or omit it to have one assigned";
+
 /// The id of the direct conversation of a pair, whoever creates it.
 pub fn direct_conv_id(a: &UserId, b: &UserId) -> ConvId {
     let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
@@ -185,7 +191,9 @@ impl Store {
                     created: false,
                     events: vec![],
                 }),
-                _ => Err(Rejection::AlreadyExists("conversation").into()),
+                // The same answer whoever holds the id and whatever it is:
+                // only "not available", never whether the caller could see it.
+                _ => Err(Rejection::Forbidden(TAKEN_ID).into()),
             };
         }
         let mut joins = vec![WriteOp::Join(JoinOp {

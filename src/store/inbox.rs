@@ -156,10 +156,15 @@ fn encode_cursor(at: DateTime<Utc>, conv: &ConvId) -> String {
     hex::encode(format!("{}:{}", at.timestamp_micros(), conv.as_str()))
 }
 
+/// Latest time a cursor may name: 9999-12-31T23:59:59.999999Z. Ours name
+/// activity times; a forged one outside PostgreSQL's range would fail the query.
+const MAX_CURSOR_MICROS: i64 = 253_402_300_799_999_999;
+
 fn decode_cursor(cursor: &str) -> Option<(DateTime<Utc>, ConvId)> {
     let raw = String::from_utf8(hex::decode(cursor).ok()?).ok()?;
     let (micros, conv) = raw.split_once(':')?;
-    let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+    let micros = micros.parse().ok().filter(|m| (0..=MAX_CURSOR_MICROS).contains(m))?;
+    let at = DateTime::from_timestamp_micros(micros)?;
     Some((at, ConvId::parse(conv).ok()?))
 }
 
@@ -176,7 +181,11 @@ mod tests {
 
     #[test]
     fn a_malformed_cursor_decodes_to_nothing() {
-        for bad in ["", "zz", "abc", &hex::encode("nocolon"), &hex::encode("x:g-1"), &hex::encode("1:bad id")] {
+        let (before_1970, after_9999) = (hex::encode("-1:g-1"), hex::encode("253402300800000000:g-1"));
+        for bad in ["", "zz", "abc", &hex::encode("nocolon"), &hex::encode("x:g-1"), &hex::encode("1:bad id")]
+            .into_iter()
+            .chain([before_1970.as_str(), after_9999.as_str()])
+        {
             assert_eq!(decode_cursor(bad), None, "{bad}");
         }
     }

@@ -4,15 +4,18 @@
 mod actor_path;
 mod commit_stall;
 mod db_outage;
+mod embedded_pg;
 #[macro_use]
 mod env;
 mod evidence;
+mod fuzz_edges;
 mod gateway;
 mod gateway_contract;
 mod gateway_faults;
 mod gateway_races;
 mod harness;
 mod inbox;
+mod input_forms;
 mod overload;
 mod seed_000;
 mod server;
