@@ -294,11 +294,18 @@ async fn report(
         let (head, head_complete) = last_device(measure, &measure.head_got, &measure.head_last_us, n, m);
         run["head_push_ms"] = head.json();
         run["head_complete_messages"] = json!(head_complete);
-        run["syncs"] = json!(measure.syncs.load(Ordering::Relaxed));
+        // One sync in flight per device, one more if heads came meanwhile:
+        // a burst of heads costs one sync (plus its pages).
+        run["pull_syncs"] = json!({"head_pushes": measure.heads.load(Ordering::Relaxed),
+                                   "syncs": measure.syncs.load(Ordering::Relaxed)});
     }
+    let pull_syncs = match &run["pull_syncs"] {
+        Value::Null => String::new(),
+        s => format!("  head pushes {} -> syncs {}", s["head_pushes"], s["syncs"]),
+    };
     eprintln!(
         "fanout {:<4} M={m:<6} {:.0} msg/s x {n}: last device {}  complete {complete}/{n}  devices {devices_complete}/{m}  \
-         anomalies {anomalies}  closed {}  {:.0} deliveries/s  cpu {}  verified {verified}",
+         anomalies {anomalies}  closed {}{pull_syncs}  {:.0} deliveries/s  cpu {}  verified {verified}",
         p.mode,
         p.rate,
         latency.text(),

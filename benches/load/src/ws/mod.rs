@@ -259,7 +259,8 @@ async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
         })
         .collect();
     eprintln!("actor/direct: {}", Value::Array(ratios.clone()));
-    write_evidence(ctx, "ws-hot-group.json", runs, json!({"ratios": ratios, "profile": profile}))
+    let extra = json!({"ratios": ratios, "profile": profile, "delivery_rule": hot::DELIVERY_RULE});
+    write_evidence(ctx, "ws-hot-group.json", runs, extra)
 }
 
 async fn fan_out(ctx: &Ctx) -> Result<Vec<String>, BoxError> {

@@ -30,6 +30,8 @@ pub struct Measure {
     /// Arrivals that were not the device's next message: gaps, repeats, reorderings.
     pub anomalies: AtomicU64,
     pub deliveries: AtomicU64,
+    /// Pull mode: `head` pushes received, and the syncs they prompted.
+    pub heads: AtomicU64,
     pub syncs: AtomicU64,
 }
 
@@ -49,6 +51,7 @@ impl Measure {
             in_order: v32(devices),
             anomalies: AtomicU64::new(0),
             deliveries: AtomicU64::new(0),
+            heads: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
         }
     }
@@ -167,6 +170,7 @@ pub async fn device(mut ws: Ws, index: usize, current: Current, closed: Arc<Atom
             }
             Some("head") if m.pull => {
                 let Some(head) = f.head else { continue };
+                m.heads.fetch_add(1, Ordering::Relaxed);
                 m.head_arrived(&mut r.head_seen, head, now);
                 if r.syncing {
                     r.dirty = true;
