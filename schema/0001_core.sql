@@ -1,4 +1,4 @@
--- imcore core data model (ARCHITECTURE §2, seed 000 §3, seed 002).
+-- imcore core data model (ARCHITECTURE §2: tables, invariants P1–P9 and what enforces each; §9: groups).
 -- Identifiers have the form of PROTOCOL §1 (1–64 chars of A-Z a-z 0-9 . _ : @ -),
 -- checked where they are born (users, devices, conversations, client_msg_id);
 -- everything else references those rows.

@@ -1,4 +1,4 @@
-//! Group settings, roles and permission bits of seed 002 / PROTOCOL §5.
+//! Group settings, roles and permission bits (ARCHITECTURE §9, PROTOCOL §5).
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,5 +1,5 @@
 //! Creating and reading conversations. Creation writes the conversation row and
-//! the initial `join` events in one transaction (seed 000 §4.1): the creator
+//! the initial `join` events in one transaction (ARCHITECTURE §4): the creator
 //! first, then the members in list order.
 
 use chrono::{DateTime, Utc};

@@ -36,7 +36,7 @@ pub use write::{
 pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
 
 /// Session settings for every pooled connection. A transaction that holds a
-/// conversation row lock must never wait forever (seed 000 §8).
+/// conversation row lock must never wait forever (ARCHITECTURE §3, faults).
 const SESSION_OPTIONS: &str =
     "-c lock_timeout=5000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000";
 

@@ -1,4 +1,4 @@
-//! History reads (PROTOCOL §5 `sync`, seed 000 §4.3): a primary-key range scan
+//! History reads (PROTOCOL §5 `sync`, ARCHITECTURE §4): a primary-key range scan
 //! of `(conv_id, seq)` per membership period of the caller — a member sees
 //! exactly the events inside its periods, a former member still reads its own.
 //! A page is bounded by `limit` and by a budget of body bytes; the pooled
