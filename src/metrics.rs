@@ -36,6 +36,10 @@ pub struct Metrics {
     pub connections: IntGaugeVec,
     /// Sampled at scrape: conversation actors alive (actor write path).
     pub live_actors: IntGauge,
+    /// Sampled at scrape (actor write path): `idle` actors (candidates for
+    /// eviction at the cap), `started_total`, `evicted_total` (asked to
+    /// retire to make room under the cap).
+    pub actors: IntGaugeVec,
     /// Sampled at scrape: pool `connections` and `idle`.
     pub pool: IntGaugeVec,
 }
@@ -66,6 +70,10 @@ fn build() -> Result<Metrics, prometheus::Error> {
         &["kind"],
     )?;
     let live_actors = IntGauge::new("live_conversation_actors", "Conversation actors alive")?;
+    let actors = IntGaugeVec::new(
+        Opts::new("conversation_actors", "Conversation actors: state=idle|started_total|evicted_total"),
+        &["state"],
+    )?;
     let pool = IntGaugeVec::new(
         Opts::new(
             "db_pool",
@@ -82,6 +90,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(kicks.clone()))?;
     registry.register(Box::new(connections.clone()))?;
     registry.register(Box::new(live_actors.clone()))?;
+    registry.register(Box::new(actors.clone()))?;
     registry.register(Box::new(pool.clone()))?;
     Ok(Metrics {
         registry,
@@ -94,6 +103,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         kicks,
         connections,
         live_actors,
+        actors,
         pool,
     })
 }
