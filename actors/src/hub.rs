@@ -110,8 +110,8 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
     ///
     /// Refusals are immediate: `Overloaded` when the conversation's mailbox or
     /// queue is full, when it has no actor and none can be evicted to make
-    /// room under the cap, or when the hub is shutting down; `Internal` when no live
-    /// actor could be reached after a few fresh ones.
+    /// room under the cap, or when the hub is shutting down; `Internal` when
+    /// no live actor could be reached after a few fresh ones.
     pub fn enqueue(&self, conv: ConvId, op: S::Op) -> impl Future<Output = WriteResult<S>> + Send + 'static {
         let queued = self.push(conv, op);
         async move {
