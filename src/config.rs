@@ -129,7 +129,8 @@ pub struct EngineSettings {
 }
 
 /// The write path: conversation actors and the commit stage behind them.
-/// The actor numbers default to the actors crate's own ([`ActorConfig`]).
+/// The actor numbers default to the actors crate's own ([`ActorConfig`],
+/// [`HubConfig`]).
 #[derive(Debug, Clone, Args)]
 pub struct WriteSettings {
     /// `actor` (batched, default) or `direct` (one transaction per op).
@@ -152,6 +153,11 @@ pub struct WriteSettings {
     #[arg(long, env = "IMCORE_ACTOR_IDLE_MS", default_value_t = WriteSettings::default().actor_idle_ms)]
     pub actor_idle_ms: u64,
 
+    /// Live conversation actors; past it a new one starts only by evicting
+    /// the idlest idle actor, and with none idle the write gets `OVERLOADED`.
+    #[arg(long, env = "IMCORE_MAX_ACTORS", default_value_t = WriteSettings::default().max_actors)]
+    pub max_actors: usize,
+
     /// Workers of the commit stage, which merges the batches of several
     /// conversations into one transaction (0: one transaction per batch).
     #[arg(long, env = "IMCORE_COMMIT_WORKERS", default_value_t = WriteSettings::default().commit_workers)]
@@ -169,15 +175,17 @@ pub struct WriteSettings {
 impl Default for WriteSettings {
     fn default() -> Self {
         let actor = ActorConfig::default();
+        let hub = HubConfig::default();
         Self {
             path: WritePath::Actor,
             max_batch: actor.max_batch,
             max_queue: actor.max_queue,
             actor_mailbox: actor.mailbox_capacity,
             actor_idle_ms: u64::try_from(actor.idle_timeout.as_millis()).unwrap_or(u64::MAX),
+            max_actors: hub.max_actors,
             commit_workers: 2,
             commit_max_ops: 4096,
-            arbiters: HubConfig::default().arbiters,
+            arbiters: hub.arbiters,
         }
     }
 }
@@ -195,7 +203,7 @@ impl WriteSettings {
             mailbox_capacity: self.actor_mailbox,
             idle_timeout: Duration::from_millis(self.actor_idle_ms),
         };
-        HubConfig { arbiters: self.arbiters, actor }
+        HubConfig { arbiters: self.arbiters, max_actors: self.max_actors, actor }
     }
 }
 

@@ -38,6 +38,10 @@ pub struct Metrics {
     pub connections: IntGaugeVec,
     /// Sampled at scrape: conversation actors alive (actor write path).
     pub live_actors: IntGauge,
+    /// Sampled at scrape (actor write path): `idle` actors (candidates for
+    /// eviction at the cap), `started_total`, `evicted_total` (asked to
+    /// retire to make room under the cap).
+    pub actors: IntGaugeVec,
     /// Sampled at scrape from the pool's own state: see [`sample_pool`].
     pub pool: IntGaugeVec,
     /// Requests whose work is running now (both transports); held by a
@@ -71,6 +75,10 @@ fn build() -> Result<Metrics, prometheus::Error> {
         &["kind"],
     )?;
     let live_actors = IntGauge::new("live_conversation_actors", "Conversation actors alive")?;
+    let actors = IntGaugeVec::new(
+        Opts::new("conversation_actors", "Conversation actors: state=idle|started_total|evicted_total"),
+        &["state"],
+    )?;
     let pool = IntGaugeVec::new(
         Opts::new(
             "db_pool",
@@ -89,6 +97,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(live_actors.clone()))?;
     let requests_running =
         IntGauge::new("requests_running", "Requests whose work is running (answers not yet produced)")?;
+    registry.register(Box::new(actors.clone()))?;
     registry.register(Box::new(pool.clone()))?;
     registry.register(Box::new(requests_running.clone()))?;
     Ok(Metrics {
@@ -102,6 +111,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         kicks,
         connections,
         live_actors,
+        actors,
         pool,
         requests_running,
     })

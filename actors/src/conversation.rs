@@ -24,6 +24,22 @@
 //! `lifecycle`), so one submitter's ops keep their order across an
 //! eviction (P6).
 //!
+//! # Staying warm, retiring early, eviction at the cap
+//! An actor is kept after its queue empties so the next op finds the
+//! conversation's state cached; it stops once idle for `idle_timeout`. Two
+//! exceptions bound how many actors a caller can make the hub keep:
+//! * an actor whose committed batches have appended nothing retires as soon
+//!   as it is idle. That is the actor for a conversation that does not exist,
+//!   or whose callers are not members (every op refused), or that only
+//!   replayed: nothing worth caching, and a flood of sends to random
+//!   `conv_id`s leaves no actor behind. It costs no extra database round
+//!   trip: the batch's own transaction decides, and a successor for the same
+//!   conversation waits for its exit like any successor (P6);
+//! * an idle actor lists itself in the hub's idle index (`idle`), so that at
+//!   the cap on live actors the hub asks the idlest to retire ([`Evict`]). It
+//!   retires only if no op has arrived since it was listed; either way it
+//!   goes through the same close/wait/leave handshake as an idle timeout.
+//!
 //! # Errors
 //! A failed batch fails each of its callers with [`WriteError::Internal`],
 //! which keeps the store's error (or the panic) as its source. The caller's
@@ -35,12 +51,13 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{fut, Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Running, WrapFuture};
+use actix::{fut, Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Running, WeakAddr, WrapFuture};
 use tokio::sync::oneshot;
 use tokio::task::JoinError;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::idle::{IdleActors, Ticket};
 use crate::lifecycle::Lease;
 use crate::store::{BatchCommitted, ConversationStore, Fanout};
 
@@ -135,22 +152,52 @@ impl Message for Drain {
     type Result = ();
 }
 
+/// Retire if still idle since the listing `Ticket` (the hub took it from the
+/// idle index because live actors reached the cap).
+pub(crate) struct Evict(pub(crate) Ticket);
+
+impl Message for Evict {
+    type Result = ();
+}
+
 struct Pending<S: ConversationStore> {
     op: S::Op,
     reply: oneshot::Sender<WriteResult<S>>,
 }
 
+/// The idle actors of one hub, as the hub reaches them.
+pub(crate) type IdleIndex<S, F> = IdleActors<WeakAddr<ConversationActor<S, F>>>;
+
 /// What every conversation actor of one hub is built from.
-pub(crate) struct Shared<S, F> {
+pub(crate) struct Shared<S: ConversationStore, F: Fanout<S::Committed>> {
     pub(crate) store: Arc<S>,
     pub(crate) fanout: Arc<F>,
     pub(crate) config: ActorConfig,
+    pub(crate) idle: Arc<IdleIndex<S, F>>,
 }
 
-impl<S, F> Clone for Shared<S, F> {
+impl<S: ConversationStore, F: Fanout<S::Committed>> Clone for Shared<S, F> {
     fn clone(&self) -> Self {
-        Self { store: Arc::clone(&self.store), fanout: Arc::clone(&self.fanout), config: self.config.clone() }
+        Self {
+            store: Arc::clone(&self.store),
+            fanout: Arc::clone(&self.fanout),
+            config: self.config.clone(),
+            idle: Arc::clone(&self.idle),
+        }
     }
+}
+
+/// What this actor's committed batches have appended so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Appends {
+    /// No batch has committed yet (a failed batch decides nothing: the
+    /// actor carries on, as after any failure).
+    Untried,
+    /// Every committed batch appended nothing (each op refused or replayed):
+    /// not worth keeping warm.
+    Nothing,
+    /// Some batch appended an event.
+    Some,
 }
 
 /// The single owner of one conversation's write queue (STYLE 5).
@@ -158,6 +205,13 @@ pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
     store: Arc<S>,
     fanout: Arc<F>,
     config: ActorConfig,
+    /// The hub's idle index, and how it reaches this actor.
+    idle: Arc<IdleIndex<S, F>>,
+    me: WeakAddr<Self>,
+    /// This actor's listing in the idle index: `Some` exactly while the
+    /// actor is idle, not retiring, and listed.
+    idle_ticket: Option<Ticket>,
+    appends: Appends,
     /// This actor's entry in the hub's table: its conversation, the gate it
     /// closes when retiring, and its predecessor's exit (see
     /// `lifecycle`).
@@ -190,12 +244,17 @@ pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
 impl<S: ConversationStore, F: Fanout<S::Committed>> Unpin for ConversationActor<S, F> {}
 
 impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
-    pub(crate) fn new(shared: Shared<S, F>, lease: Lease<Addr<Self>>) -> Self {
-        let Shared { store, fanout, config } = shared;
+    /// `me`: the address the actor will get, for its idle listings.
+    pub(crate) fn new(shared: Shared<S, F>, lease: Lease<Addr<Self>>, me: WeakAddr<Self>) -> Self {
+        let Shared { store, fanout, config, idle } = shared;
         Self {
             store,
             fanout,
             config,
+            idle,
+            me,
+            idle_ticket: None,
+            appends: Appends::Untried,
             lease,
             queue: VecDeque::new(),
             cache: Some(S::Cache::default()),
@@ -250,7 +309,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
             // batch's child.
             span.in_scope(|| act.finish_batch(replies, res));
             act.start_batch(ctx);
-            act.maybe_retire(ctx);
+            act.settle(ctx);
         }));
     }
 
@@ -276,8 +335,13 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
 
     /// Replies to every caller in op order, then fans out (STYLE 6).
     fn answer(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, batch: BatchCommitted<S>) {
-        let BatchCommitted { outcomes, cache, committed } = batch;
+        let BatchCommitted { outcomes, cache, committed, appended } = batch;
         self.cache = Some(cache);
+        if appended > 0 {
+            self.appends = Appends::Some;
+        } else if self.appends == Appends::Untried {
+            self.appends = Appends::Nothing;
+        }
         if outcomes.len() != replies.len() {
             // Fields repeated from the span: this must show even where debug
             // spans are filtered out.
@@ -310,9 +374,11 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
         self.queue.is_empty() && !self.in_flight && !self.blocked
     }
 
-    /// Retires an idle actor: closes the gate so the hub routes no new op
-    /// here (eviction step 2 in `lifecycle`).
-    fn maybe_retire(&mut self, ctx: &mut Context<Self>) {
+    /// Called whenever the actor may have become idle. An idle actor retires
+    /// when told to drain, when its batches appended nothing, or after
+    /// `idle_timeout`; otherwise it lists itself as idle, for eviction at the
+    /// hub's cap.
+    fn settle(&mut self, ctx: &mut Context<Self>) {
         if !self.idle() {
             return;
         }
@@ -321,11 +387,30 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
             self.finish_retiring(ctx);
             return;
         }
-        if self.drain_requested || self.last_activity.elapsed() >= self.config.idle_timeout {
-            tracing::debug!(conv_id = %self.lease.conv(), "conversation actor retiring");
-            self.retiring = true;
-            self.lease.close();
-            self.finish_retiring(ctx);
+        if self.drain_requested
+            || self.appends == Appends::Nothing
+            || self.last_activity.elapsed() >= self.config.idle_timeout
+        {
+            self.retire(ctx);
+        } else if self.idle_ticket.is_none() {
+            self.idle_ticket = Some(self.idle.list(self.me.clone()));
+        }
+    }
+
+    /// Closes the gate so the hub routes no new op here (eviction step 2 in
+    /// `lifecycle`), and stops once the ops already on their way are done.
+    fn retire(&mut self, ctx: &mut Context<Self>) {
+        tracing::debug!(conv_id = %self.lease.conv(), "conversation actor retiring");
+        self.unlist();
+        self.retiring = true;
+        self.lease.close();
+        self.finish_retiring(ctx);
+    }
+
+    /// Busy again, or going: the hub must not pick this actor as idle.
+    fn unlist(&mut self) {
+        if let Some(ticket) = self.idle_ticket.take() {
+            self.idle.unlist(ticket);
         }
     }
 
@@ -351,7 +436,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Actor for ConversationActor<
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let tick = (self.config.idle_timeout / 2).max(Duration::from_millis(1));
-        ctx.run_interval(tick, |act, ctx| act.maybe_retire(ctx));
+        ctx.run_interval(tick, |act, ctx| act.settle(ctx));
         if let Some(predecessor) = self.lease.take_predecessor() {
             self.blocked = true;
             ctx.spawn(predecessor.wait().into_actor(self).map(|(), act, ctx| {
@@ -359,7 +444,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Actor for ConversationActor<
                 act.last_activity = Instant::now();
                 act.start_batch(ctx);
                 // A drain may have arrived while blocked.
-                act.maybe_retire(ctx);
+                act.settle(ctx);
             }));
         }
     }
@@ -376,6 +461,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Actor for ConversationActor<
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         tracing::debug!(conv_id = %self.lease.conv(), "conversation actor stopped");
+        self.unlist();
         self.lease.leave();
     }
 }
@@ -385,6 +471,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Handler<Submit<S>> for Conve
 
     fn handle(&mut self, msg: Submit<S>, ctx: &mut Context<Self>) {
         self.last_activity = Instant::now();
+        self.unlist();
         if self.queue.len() >= self.config.max_queue {
             let _ = msg.reply.send(Err(WriteError::Overloaded));
             return;
@@ -399,6 +486,19 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Handler<Drain> for Conversat
 
     fn handle(&mut self, _msg: Drain, ctx: &mut Context<Self>) {
         self.drain_requested = true;
-        self.maybe_retire(ctx);
+        self.settle(ctx);
+    }
+}
+
+impl<S: ConversationStore, F: Fanout<S::Committed>> Handler<Evict> for ConversationActor<S, F> {
+    type Result = ();
+
+    fn handle(&mut self, Evict(ticket): Evict, ctx: &mut Context<Self>) {
+        // Still listed under this ticket: no op has arrived since the hub took
+        // it (an op unlists). Otherwise the actor is busy, or idle again and
+        // listed anew, and stays.
+        if self.idle_ticket == Some(ticket) {
+            self.retire(ctx);
+        }
     }
 }

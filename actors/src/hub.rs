@@ -2,6 +2,16 @@
 //! arbiters. The table, the eviction handshake and compare-and-remove on exit
 //! live in `lifecycle`; the hub routes ops through it, starts the
 //! actors, and drives shutdown.
+//!
+//! # The cap on live actors
+//! An op for a conversation without a live actor starts one, unless the table
+//! already holds [`HubConfig::max_actors`] entries. Then the hub takes the
+//! idlest actor from the idle index (`idle`) and asks it to retire
+//! ([`Evict`]), and starts the new actor without waiting for that: the cap is
+//! soft by the retirements under way. With no idle actor the op is refused
+//! with [`WriteError::Overloaded`], like a full queue. Nothing here scans the
+//! table: the idle index keeps actors in the order they became idle, and each
+//! actor lists and unlists itself.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -12,8 +22,9 @@ use actix::{Addr, Arbiter, ArbiterHandle, Context};
 use tokio::sync::oneshot;
 
 use crate::conversation::{
-    ActorConfig, ConversationActor, Drain, InternalError, Shared, Submit, WriteError, WriteResult,
+    ActorConfig, ConversationActor, Drain, Evict, InternalError, Shared, Submit, WriteError, WriteResult,
 };
+use crate::idle::IdleActors;
 use crate::ids::ConvId;
 use crate::lifecycle::{Lease, Slots};
 use crate::store::{ConversationStore, Fanout};
@@ -28,12 +39,21 @@ pub struct HubConfig {
     /// actor on the arbiter that created the hub (handy for deterministic
     /// tests). Default: available parallelism.
     pub arbiters: usize,
+    /// Live actors (table entries, retiring ones included) past which a new
+    /// actor starts only by evicting the idlest idle one; with none idle, the
+    /// op gets [`WriteError::Overloaded`]. An actor with an empty member
+    /// cache costs about 2 KB. Default 100,000.
+    pub max_actors: usize,
     pub actor: ActorConfig,
 }
 
 impl Default for HubConfig {
     fn default() -> Self {
-        Self { arbiters: std::thread::available_parallelism().map_or(1, |n| n.get()), actor: ActorConfig::default() }
+        Self {
+            arbiters: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            max_actors: 100_000,
+            actor: ActorConfig::default(),
+        }
     }
 }
 
@@ -43,6 +63,8 @@ type ActorAddr<S, F> = Addr<ConversationActor<S, F>>;
 pub struct Hub<S: ConversationStore, F: Fanout<S::Committed>> {
     shared: Shared<S, F>,
     actors: Slots<ActorAddr<S, F>>,
+    max_actors: usize,
+    evicted: AtomicU64,
     /// Owned arbiters, stopped when the hub is dropped.
     arbiters: Vec<Arbiter>,
     handles: Vec<ArbiterHandle>,
@@ -62,8 +84,10 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
         let handles =
             if arbiters.is_empty() { vec![Arbiter::current()] } else { arbiters.iter().map(Arbiter::handle).collect() };
         Arc::new(Self {
-            shared: Shared { store, fanout, config: config.actor },
+            shared: Shared { store, fanout, config: config.actor, idle: Arc::new(IdleActors::new()) },
             actors: Slots::new(),
+            max_actors: config.max_actors.max(1),
+            evicted: AtomicU64::new(0),
             arbiters,
             handles,
             next_arbiter: AtomicUsize::new(0),
@@ -85,8 +109,9 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
     /// that order (P6), whether or not their futures are awaited in between.
     ///
     /// Refusals are immediate: `Overloaded` when the conversation's mailbox or
-    /// queue is full or the hub is shutting down; `Internal` when no live
-    /// actor could be reached after a few fresh ones.
+    /// queue is full, when it has no actor and none can be evicted to make
+    /// room under the cap, or when the hub is shutting down; `Internal` when
+    /// no live actor could be reached after a few fresh ones.
     pub fn enqueue(&self, conv: ConvId, op: S::Op) -> impl Future<Output = WriteResult<S>> + Send + 'static {
         let queued = self.push(conv, op);
         async move {
@@ -104,7 +129,13 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
         let (tx, rx) = oneshot::channel();
         let mut reply = tx;
         for _ in 0..MAX_ATTEMPTS {
-            let slot = self.actors.live_or_start(&conv, |lease| self.start_actor(lease));
+            let slot = match self.actors.live(&conv) {
+                Some(slot) => slot,
+                None => {
+                    self.make_room()?;
+                    self.actors.live_or_start(&conv, |lease| self.start_actor(lease))
+                }
+            };
             let Some(inside) = slot.enter() else {
                 // Retiring: the next `live_or_start` replaces it.
                 continue;
@@ -125,22 +156,44 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
         Err(InternalError::new("no conversation actor could take the op").into())
     }
 
+    /// Before a new actor starts: at the cap, asks the idlest idle actor to
+    /// retire (see the module docs). Two callers racing here may evict two
+    /// for one start; that only retires an idle actor early.
+    fn make_room(&self) -> Result<(), WriteError> {
+        if self.actors.len() < self.max_actors {
+            return Ok(());
+        }
+        while let Some((ticket, actor)) = self.shared.idle.take_idlest() {
+            // Gone already (its thread died): its listing was stale.
+            if let Some(actor) = actor.upgrade() {
+                // A control message, one per start over the cap: `do_send`,
+                // an idle actor's mailbox is empty anyway.
+                actor.do_send(Evict(ticket));
+                self.evicted.fetch_add(1, SeqCst);
+                return Ok(());
+            }
+        }
+        tracing::debug!(live = self.actors.len(), cap = self.max_actors, "no idle conversation actor to evict");
+        Err(WriteError::Overloaded)
+    }
+
     /// Starts an actor for `lease` on the next arbiter. Runs under the
     /// table's entry guard: it only queues the actor on its arbiter.
     fn start_actor(&self, lease: Lease<ActorAddr<S, F>>) -> ActorAddr<S, F> {
         let i = self.next_arbiter.fetch_add(1, SeqCst) % self.handles.len();
         let conv = lease.conv().clone();
-        let actor = ConversationActor::new(self.shared.clone(), lease);
         // Like `Actor::start_in_arbiter`, but with the mailbox sized before
         // the address is handed out: a burst may arrive before `started`.
         let (tx, rx) = actix::dev::channel::channel(self.shared.config.mailbox_capacity.max(1));
+        let addr = Addr::new(tx);
+        let actor = ConversationActor::new(self.shared.clone(), lease, addr.downgrade());
         self.handles[i].spawn_fn(move || {
             let ctx = Context::with_receiver(rx);
             actix::spawn(ctx.into_future(actor));
         });
         self.started.fetch_add(1, SeqCst);
         tracing::debug!(conv_id = %conv, arbiter = i, "conversation actor started");
-        Addr::new(tx)
+        addr
     }
 
     /// Conversations with an actor entry right now.
@@ -148,9 +201,21 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
         self.actors.len()
     }
 
+    /// Live actors that are idle (nothing queued or in flight) and not
+    /// retiring: the candidates for eviction at the cap.
+    pub fn idle_actors(&self) -> usize {
+        self.shared.idle.len()
+    }
+
     /// Actors started since the hub was created (creations and replacements).
     pub fn actors_started(&self) -> u64 {
         self.started.load(SeqCst)
+    }
+
+    /// Idle actors asked to retire to make room under the cap, since the hub
+    /// was created (an actor that got an op meanwhile stays).
+    pub fn evictions(&self) -> u64 {
+        self.evicted.load(SeqCst)
     }
 
     /// Stops accepting ops (new ones get `Overloaded`), lets every actor
@@ -209,7 +274,7 @@ mod tests {
         let hub: Arc<TestHub> = Hub::new(
             Arc::clone(&store),
             Arc::new(RecordingFanout::default()),
-            HubConfig { arbiters: 1, actor: ActorConfig::default() },
+            HubConfig { arbiters: 1, ..HubConfig::default() },
         );
         let conv = ConvId::parse("c-successor").unwrap();
 
@@ -239,5 +304,45 @@ mod tests {
         assert!(current(&hub, &conv).addr() == new.addr(), "the successor's entry survived");
         assert_eq!(hub.submit(conv.clone(), op("k3")).await.unwrap().seq, 3);
         assert_eq!(hub.actors_started(), 2);
+    }
+
+    async fn listed_idle(hub: &TestHub) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while hub.idle_actors() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the actor lists itself idle");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[actix::test]
+    async fn an_eviction_request_is_declined_by_an_actor_that_got_an_op_since_it_was_listed() {
+        let hub: Arc<TestHub> = Hub::new(
+            Arc::new(MemoryStore::new()),
+            Arc::new(RecordingFanout::default()),
+            HubConfig { arbiters: 1, ..HubConfig::default() },
+        );
+        let conv = ConvId::parse("c-evict").unwrap();
+        assert_eq!(hub.submit(conv.clone(), op("k1")).await.unwrap().seq, 1);
+        listed_idle(&hub).await;
+        let (stale, actor) = hub.shared.idle.take_idlest().expect("listed");
+
+        // An op since the listing: the request with the old ticket is stale.
+        assert_eq!(hub.submit(conv.clone(), op("k2")).await.unwrap().seq, 2);
+        actor.upgrade().expect("alive").do_send(Evict(stale));
+        // Handled after the request (one mailbox, in order): the gate would
+        // be closed by now had the actor retired.
+        assert_eq!(hub.submit(conv.clone(), op("k3")).await.unwrap().seq, 3);
+        assert!(hub.actors.live(&conv).is_some(), "the actor declined");
+        assert_eq!(hub.actors_started(), 1);
+
+        // Idle and still listed under the ticket the hub takes: it retires.
+        listed_idle(&hub).await;
+        let (current, actor) = hub.shared.idle.take_idlest().expect("listed again");
+        actor.upgrade().expect("alive").do_send(Evict(current));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while hub.live_actors() != 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the evicted actor leaves");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }

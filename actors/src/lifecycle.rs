@@ -72,8 +72,7 @@ impl<A: Mailbox> Slots<A> {
     /// or gone, `start` gets the lease of a new entry, starts an actor with it
     /// and returns the actor's address; the new entry replaces the old one.
     pub(crate) fn live_or_start(&self, conv: &ConvId, start: impl FnOnce(Lease<A>) -> A) -> Slot<A> {
-        let existing = self.table.get(conv).map(|s| s.clone());
-        if let Some(slot) = existing.filter(Slot::is_live) {
+        if let Some(slot) = self.live(conv) {
             return slot;
         }
         match self.table.entry(conv.clone()) {
@@ -92,6 +91,12 @@ impl<A: Mailbox> Slots<A> {
                 slot
             }
         }
+    }
+
+    /// The live entry for `conv`, if there is one.
+    pub(crate) fn live(&self, conv: &ConvId) -> Option<Slot<A>> {
+        let existing = self.table.get(conv).map(|s| s.clone());
+        existing.filter(Slot::is_live)
     }
 
     fn new_slot(&self, conv: &ConvId, predecessor: Option<Exit>, start: impl FnOnce(Lease<A>) -> A) -> Slot<A> {

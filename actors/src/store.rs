@@ -44,6 +44,11 @@ pub struct BatchCommitted<S: ConversationStore + ?Sized> {
     pub outcomes: Vec<S::Outcome>,
     pub cache: S::Cache,
     pub committed: S::Committed,
+    /// Events the batch appended: 0 when every op was refused or replayed.
+    /// An actor none of whose batches appended anything retires as soon as it
+    /// is idle (the conversation does not exist, or its callers are not
+    /// members), instead of staying warm for nothing.
+    pub appended: usize,
 }
 
 /// Where committed events go after the callers have their replies: delivery

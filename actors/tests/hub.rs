@@ -27,7 +27,8 @@ fn op(sender: &str, key: &str) -> SendOp {
 
 fn hub(store: &MemoryStore, arbiters: usize, actor: ActorConfig) -> (Arc<TestHub>, Arc<RecordingFanout<Appended>>) {
     let fanout = Arc::new(RecordingFanout::default());
-    let hub = Hub::new(Arc::new(store.clone()), Arc::clone(&fanout), HubConfig { arbiters, actor });
+    let hub =
+        Hub::new(Arc::new(store.clone()), Arc::clone(&fanout), HubConfig { arbiters, actor, ..HubConfig::default() });
     (hub, fanout)
 }
 
@@ -232,7 +233,7 @@ async fn a_failed_batch_fails_its_callers_with_internal_and_the_next_batch_succe
     assert!(store.log(&c).is_empty(), "a failed batch commits nothing");
 
     let retried = hub.submit(c.clone(), op("u1", "k1")).await.unwrap();
-    assert_eq!(retried, SendOutcome { seq: 1, duplicate: false });
+    assert_eq!(retried, SendOutcome { seq: 1, duplicate: false, refused: false });
     let next = hub.submit(c.clone(), op("u1", "k2")).await.unwrap();
     assert_eq!(next.seq, 2);
     let delivered = deliveries_once(&fanout, 2).await;

@@ -96,6 +96,9 @@ async fn metrics_text(state: web::Data<AppState>) -> HttpResponse {
     m.connections.with_label_values(&["sessions"]).set(state.sessions.len() as i64);
     if let Writer::Actor(hub) = &state.writer {
         m.live_actors.set(hub.live_actors() as i64);
+        m.actors.with_label_values(&["idle"]).set(hub.idle_actors() as i64);
+        m.actors.with_label_values(&["started_total"]).set(hub.actors_started() as i64);
+        m.actors.with_label_values(&["evicted_total"]).set(hub.evictions() as i64);
     }
     crate::metrics::sample_pool(state.store.pool());
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render())

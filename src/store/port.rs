@@ -27,7 +27,8 @@ impl ConversationStore for Store {
                 None => store.write_batch(&conv, cache, &ops).await?,
             };
             crate::metrics::observe_batch(written.outcomes.len());
-            Ok(BatchCommitted { outcomes: written.outcomes, cache, committed: written.appended })
+            let appended = written.appended.events.len();
+            Ok(BatchCommitted { outcomes: written.outcomes, cache, committed: written.appended, appended })
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The real test tier: a real PostgreSQL, real connections, real sockets.
 //! One binary, so the run shares one cluster.
 
+mod actor_flood;
 mod actor_path;
 mod commit_stall;
 mod db_outage;

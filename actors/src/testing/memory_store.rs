@@ -1,8 +1,8 @@
 //! An in-memory [`ConversationStore`]: per-conversation logs with gapless
 //! seqs and request-key replay, plus knobs for latency, failure and panic
-//! injection and a record of batch sizes.
+//! injection, conversations that do not exist, and a record of batch sizes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -19,11 +19,14 @@ pub struct SendOp {
     pub payload: String,
 }
 
-/// One op's result: its seq, and whether it replayed an earlier op.
+/// One op's result: its seq, and whether it replayed an earlier op; or
+/// `refused` (seq 0): the conversation does not exist
+/// ([`MemoryStore::set_missing`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendOutcome {
     pub seq: u64,
     pub duplicate: bool,
+    pub refused: bool,
 }
 
 /// A logged event.
@@ -63,6 +66,7 @@ struct Log {
 struct Inner {
     /// Stands in for the row lock: a batch applies atomically.
     logs: Mutex<HashMap<ConvId, Log>>,
+    missing: Mutex<HashSet<ConvId>>,
     latency_us: AtomicU64,
     fail_next: AtomicUsize,
     panic_next: AtomicUsize,
@@ -97,6 +101,13 @@ impl MemoryStore {
         self.inner.panic_next.store(n, SeqCst);
     }
 
+    /// Ops on `conv` are refused from now on, as if it did not exist.
+    pub fn set_missing(&self, conv: &ConvId) {
+        if let Ok(mut missing) = self.inner.missing.lock() {
+            missing.insert(conv.clone());
+        }
+    }
+
     /// Sizes of the batches committed so far (failed ones excluded), in order.
     pub fn batch_sizes(&self) -> Vec<usize> {
         self.inner.batch_sizes.lock().map(|b| b.clone()).unwrap_or_default()
@@ -124,6 +135,7 @@ impl Inner {
         cache: MemoryCache,
         ops: Vec<SendOp>,
     ) -> Result<BatchCommitted<MemoryStore>, MemoryStoreError> {
+        let missing = self.missing.lock().map_err(|_| MemoryStoreError("poisoned".into()))?.contains(&conv);
         let mut logs = self.logs.lock().map_err(|_| MemoryStoreError("poisoned".into()))?;
         let log = logs.entry(conv).or_default();
         let next = log.events.len() as u64 + 1;
@@ -133,8 +145,12 @@ impl Inner {
         let mut outcomes = Vec::with_capacity(ops.len());
         let mut appended = Vec::new();
         for op in ops {
+            if missing {
+                outcomes.push(SendOutcome { seq: 0, duplicate: false, refused: true });
+                continue;
+            }
             if let Some(&seq) = log.by_key.get(&op.key) {
-                outcomes.push(SendOutcome { seq, duplicate: true });
+                outcomes.push(SendOutcome { seq, duplicate: true, refused: false });
                 continue;
             }
             let seq = log.events.len() as u64 + 1;
@@ -142,7 +158,7 @@ impl Inner {
             log.by_key.insert(event.key.clone(), seq);
             log.events.push(event.clone());
             appended.push(event);
-            outcomes.push(SendOutcome { seq, duplicate: false });
+            outcomes.push(SendOutcome { seq, duplicate: false, refused: false });
         }
         if let Ok(mut sizes) = self.batch_sizes.lock() {
             sizes.push(outcomes.len());
@@ -150,6 +166,7 @@ impl Inner {
         Ok(BatchCommitted {
             outcomes,
             cache: MemoryCache { next_seq: Some(log.events.len() as u64 + 1) },
+            appended: appended.len(),
             committed: Appended { events: appended },
         })
     }
