@@ -21,7 +21,7 @@ use crate::store::SYNC_DEFAULT_MAX_BYTES;
 pub enum WritePath {
     /// Through the conversation's actor, batched (group commit).
     Actor,
-    /// One transaction per op (seed 000): the baseline benchmarks compare against.
+    /// One transaction per op, no actor: the baseline benchmarks compare against.
     Direct,
 }
 

@@ -12,7 +12,7 @@
 //! of the previous one. No timers: under load, batch size follows transaction
 //! latency by itself.
 //!
-//! # Order of effects per batch (STYLE 6)
+//! # Order of effects per batch
 //! commit → reply to every caller, in op order → [`Fanout::deliver`] → next batch.
 //!
 //! # Correctness
@@ -105,7 +105,7 @@ impl From<InternalError> for WriteError {
 /// What one op's caller gets back.
 pub type WriteResult<S> = Result<<S as ConversationStore>::Outcome, WriteError>;
 
-/// Capacities and timeouts of conversation actors (STYLE 11).
+/// Capacities and timeouts of conversation actors, named in one place.
 #[derive(Debug, Clone)]
 pub struct ActorConfig {
     /// Most ops in one batch (one transaction). Default 1024.
@@ -200,7 +200,7 @@ enum Appends {
     Some,
 }
 
-/// The single owner of one conversation's write queue (STYLE 5).
+/// The single owner of one conversation's write queue: everything else reaches it through messages.
 pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
     store: Arc<S>,
     fanout: Arc<F>,
@@ -333,7 +333,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
         }
     }
 
-    /// Replies to every caller in op order, then fans out (STYLE 6).
+    /// Replies to every caller in op order, then fans out: an ack never trails a push of its own event.
     fn answer(&mut self, replies: Vec<oneshot::Sender<WriteResult<S>>>, batch: BatchCommitted<S>) {
         let BatchCommitted { outcomes, cache, committed, appended } = batch;
         self.cache = Some(cache);

@@ -32,7 +32,7 @@ use crate::store::{ConversationStore, Fanout};
 /// How often one op may find its actor gone and move to a fresh one.
 const MAX_ATTEMPTS: usize = 4;
 
-/// Hub sizing (STYLE 11).
+/// Hub sizing.
 #[derive(Debug, Clone)]
 pub struct HubConfig {
     /// Arbiter threads actors are spread over, round-robin. `0` starts every

@@ -1,4 +1,4 @@
-//! Fast actor tests against the in-memory store (STYLE 16). Real threads:
+//! Fast actor tests against the in-memory store. Real threads:
 //! actors run on their own arbiters, submitters on the test's thread and on
 //! extra OS threads.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -55,7 +55,7 @@ fn chain(e: &dyn Error) -> String {
     out
 }
 
-/// Replies go out before fan-out (STYLE 6), so a test that has its reply may
+/// Replies go out before fan-out, so a test that has its reply may
 /// look at the fan-out a moment too early.
 async fn deliveries_once(fanout: &RecordingFanout<Appended>, events: usize) -> Vec<(ConvId, Appended)> {
     let deadline = Instant::now() + Duration::from_secs(2);

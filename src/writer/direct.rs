@@ -1,5 +1,5 @@
-//! The `direct` write path: one op, one transaction, no actor — seed 000's
-//! design, kept as the baseline the benchmarks compare against.
+//! The `direct` write path: one op, one transaction, no actor — the
+//! baseline design, kept for the benchmarks to compare against.
 //!
 //! Concurrent transactions of one conversation commit in any order, and
 //! their callers come back in any order; delivery takes a conversation's

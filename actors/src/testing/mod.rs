@@ -1,4 +1,4 @@
-//! Test doubles for fast actor tests (STYLE 16), behind the `test-util`
+//! Test doubles for fast actor tests, behind the `test-util`
 //! feature. [`MemoryStore`] never stands in for PostgreSQL in the real test
 //! tier; it exists so the actor and hub can be exercised in milliseconds.
 
