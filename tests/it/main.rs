@@ -2,6 +2,7 @@
 //! One binary, so the run shares one cluster.
 
 mod actor_path;
+mod commit_isolation;
 mod commit_stall;
 mod db_outage;
 #[macro_use]
