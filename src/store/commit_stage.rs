@@ -1,21 +1,42 @@
 //! The commit stage: conversation actors hand their batches here, and each
 //! worker merges the batches waiting at the moment into one transaction
-//! (`Store::write_batches`: rows locked in `conv_id` order, one INSERT for
+//! (`Store::write_merged`: rows locked in `conv_id` order, one INSERT for
 //! all). Many quiet conversations then share one commit instead of paying one
 //! each, while each conversation keeps its order (its actor has at most one
 //! batch in flight) and its row lock stays the guard.
 //!
+//! Isolation: one conversation never delays or fails another's callers.
+//! * A batch whose row another transaction holds is left out of the merged
+//!   transaction (`SKIP LOCKED`) and committed alone, in a transaction that
+//!   waits for the lock (at most `lock_timeout`, then its callers get the
+//!   failure). It is still its conversation's one batch in flight, so order
+//!   holds.
+//! * When a merged transaction of several batches fails before COMMIT was
+//!   sent, nothing of it took effect, and the cause may be one batch's (a
+//!   constraint, a data error): each batch is committed alone, so only the
+//!   culprit's callers see the failure. Not when the database is unavailable
+//!   (every batch would fail again, later), and never after a failed COMMIT,
+//!   whose fate is unknown: those callers get the failure (their retries are
+//!   safe, P2).
+//! * Batches committed alone run in tasks of their own, at most `workers` at
+//!   once: a wait for a lock never holds up a worker, and waiting batches
+//!   never take more pooled connections than the workers do.
+//! * A worker that panics is replaced; the callers of the round it was
+//!   committing get `INTERNAL` (their replies are dropped).
+//!
 //! The channel needs no bound of its own: it holds at most one batch per live
 //! conversation actor, and those queues are bounded.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 
-use super::write::{BatchJob, ConvCache, WrittenBatch};
-use super::{Store, StoreError};
+use super::write::{BatchJob, ConvCache, Share, WrittenBatch};
+use super::{ErrorClass, Store, StoreError};
 
 type Reply = oneshot::Sender<Result<(WrittenBatch, ConvCache), StoreError>>;
+type Receiver = Arc<Mutex<mpsc::UnboundedReceiver<Pending>>>;
 
 struct Pending {
     job: BatchJob,
@@ -31,10 +52,13 @@ impl CommitStage {
     /// Starts `workers` merging workers on the current runtime; each merged
     /// transaction takes at most `max_ops` ops (a single batch may exceed it).
     pub fn start(store: Store, workers: usize, max_ops: usize) -> Self {
+        let workers = workers.max(1);
         let (sender, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
-        for _ in 0..workers.max(1) {
-            tokio::spawn(work(store.clone(), receiver.clone(), max_ops));
+        let alone = Alone { store: store.clone(), permits: Arc::new(Semaphore::new(workers)) };
+        for _ in 0..workers {
+            let worker = Worker { store: store.clone(), receiver: receiver.clone(), alone: alone.clone(), max_ops };
+            tokio::spawn(supervise(worker));
         }
         Self { sender }
     }
@@ -47,50 +71,102 @@ impl CommitStage {
     }
 }
 
-async fn work(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver<Pending>>>, max_ops: usize) {
+/// Runs `worker`, and runs it again each time it ends by a panic; it ends for
+/// good when the channel closes (or the runtime shuts down).
+async fn supervise(worker: Worker) {
     loop {
-        let mut round = {
-            // One worker gathers at a time; the others are committing meanwhile.
-            let mut rx = receiver.lock().await;
-            let Some(first) = rx.recv().await else { return };
-            let mut ops = first.job.ops.len();
-            let mut round = vec![first];
-            while ops < max_ops {
-                let Ok(next) = rx.try_recv() else { break };
-                ops += next.job.ops.len();
-                round.push(next);
-            }
-            round
-        };
-        while !round.is_empty() {
-            // Distinct conversations per transaction; a second batch of one
-            // (never expected: one actor per conversation) waits for the next.
-            let mut seen = std::collections::HashSet::new();
-            let (now, later): (Vec<Pending>, Vec<Pending>) =
-                round.into_iter().partition(|p| seen.insert(p.job.conv.clone()));
-            round = later;
-            commit_round(&store, now).await;
+        match tokio::spawn(worker.clone().work()).await {
+            Err(e) if e.is_panic() => tracing::error!("a commit-stage worker panicked; starting another"),
+            _ => return,
         }
     }
 }
 
-/// Commits one merged transaction and answers each batch of it. A failure is
-/// not logged here: each batch's caller gets it (shared) and the edge logs it.
-#[tracing::instrument(name = "merged_commit", skip_all, fields(batches = round.len(), ops))]
-async fn commit_round(store: &Store, round: Vec<Pending>) {
-    tracing::Span::current().record("ops", round.iter().map(|p| p.job.ops.len()).sum::<usize>());
-    let (jobs, replies): (Vec<BatchJob>, Vec<Reply>) = round.into_iter().map(|p| (p.job, p.reply)).unzip();
-    match store.write_batches(jobs).await {
-        Ok(done) => {
-            for (reply, result) in replies.into_iter().zip(done) {
-                let _ = reply.send(Ok(result));
+#[derive(Clone)]
+struct Worker {
+    store: Store,
+    receiver: Receiver,
+    alone: Alone,
+    max_ops: usize,
+}
+
+impl Worker {
+    async fn work(self) {
+        loop {
+            let mut round = {
+                // One worker gathers at a time; the others are committing meanwhile.
+                let mut rx = self.receiver.lock().await;
+                let Some(first) = rx.recv().await else { return };
+                let mut ops = first.job.ops.len();
+                let mut round = vec![first];
+                while ops < self.max_ops {
+                    let Ok(next) = rx.try_recv() else { break };
+                    ops += next.job.ops.len();
+                    round.push(next);
+                }
+                round
+            };
+            while !round.is_empty() {
+                // Distinct conversations per transaction; a second batch of one
+                // (never expected: one actor per conversation) waits for the next.
+                let mut seen = HashSet::new();
+                let (now, later): (Vec<Pending>, Vec<Pending>) =
+                    round.into_iter().partition(|p| seen.insert(p.job.conv.clone()));
+                round = later;
+                self.commit_round(now).await;
             }
         }
-        Err(e) => {
-            let shared = Arc::new(e);
-            for reply in replies {
-                let _ = reply.send(Err(StoreError::Merged(shared.clone())));
+    }
+
+    /// Commits one merged transaction and answers each batch of it, or hands
+    /// it on to be committed alone (module docs). A failure is not logged
+    /// here: each batch's caller gets it and the edge logs it.
+    #[tracing::instrument(name = "merged_commit", skip_all, fields(batches = round.len(), ops, alone))]
+    async fn commit_round(&self, round: Vec<Pending>) {
+        let span = tracing::Span::current();
+        span.record("ops", round.iter().map(|p| p.job.ops.len()).sum::<usize>());
+        let (jobs, replies): (Vec<BatchJob>, Vec<Reply>) = round.into_iter().map(|p| (p.job, p.reply)).unzip();
+        let shares = self.store.write_merged(jobs).await;
+        let rolled_back = shares.iter().filter(|s| matches!(s, Share::RolledBack(..))).count();
+        let mut alone = 0;
+        for (reply, share) in replies.into_iter().zip(shares) {
+            match share {
+                Share::Committed(written, cache) => {
+                    let _ = reply.send(Ok((written, cache)));
+                }
+                Share::Locked(job) => {
+                    alone += 1;
+                    self.alone.commit(Pending { job, reply });
+                }
+                Share::RolledBack(job, e) if rolled_back > 1 && e.class() != Some(ErrorClass::Unavailable) => {
+                    alone += 1;
+                    self.alone.commit(Pending { job, reply });
+                }
+                Share::RolledBack(_, e) | Share::Unknown(e) => {
+                    let _ = reply.send(Err(StoreError::Merged(e)));
+                }
             }
         }
+        span.record("alone", alone);
+    }
+}
+
+/// Commits batches one per transaction, each in a task of its own, at most
+/// as many at once as there are permits.
+#[derive(Clone)]
+struct Alone {
+    store: Store,
+    permits: Arc<Semaphore>,
+}
+
+impl Alone {
+    fn commit(&self, Pending { job, reply }: Pending) {
+        let (store, permits) = (self.store.clone(), self.permits.clone());
+        tokio::spawn(async move {
+            // The semaphore is never closed; without a permit the reply drops
+            // and the caller gets the failure.
+            let Ok(_permit) = permits.acquire_owned().await else { return };
+            let _ = reply.send(store.write_job(job).await);
+        });
     }
 }

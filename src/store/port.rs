@@ -24,7 +24,7 @@ impl ConversationStore for Store {
         async move {
             let (written, cache) = match &store.commit_stage {
                 Some(stage) => stage.commit(BatchJob { conv, cache, ops }).await?,
-                None => store.write_batch(&conv, cache, &ops).await?,
+                None => store.write_job(BatchJob { conv, cache, ops }).await?,
             };
             crate::metrics::observe_batch(written.outcomes.len());
             let appended = written.appended.events.len();

@@ -3,6 +3,7 @@
 
 mod actor_flood;
 mod actor_path;
+mod commit_isolation;
 mod commit_stall;
 mod db_outage;
 mod embedded_pg;

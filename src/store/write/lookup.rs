@@ -28,14 +28,41 @@ pub(super) struct ConvRow {
     pub(super) now: DateTime<Utc>,
 }
 
+/// How a write transaction takes its conversation rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LockMode {
+    /// Wait for a row another transaction holds (bounded by `lock_timeout`):
+    /// a transaction of one conversation.
+    Wait,
+    /// Leave out a row another transaction holds: the merged transaction of
+    /// the commit stage, which then runs without that conversation.
+    SkipLocked,
+}
+
 /// Rows are locked in `conv_id` order, so two transactions that each lock
 /// several conversations never deadlock. `NO KEY UPDATE` serialises writers of
 /// a conversation just as well (it conflicts with itself) without blocking
 /// other transactions' foreign-key checks against the row.
-const LOCK_CONVERSATIONS: &str = "
-SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, join_mode,
-       delivery_mode, min_seq, date_trunc('milliseconds', now())
-  FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE";
+macro_rules! lock_conversations_sql {
+    ($wait:literal) => {
+        concat!(
+            "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
+            "join_mode, delivery_mode, min_seq, date_trunc('milliseconds', now()) ",
+            "FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
+            $wait
+        )
+    };
+}
+const LOCK_CONVERSATIONS: &str = lock_conversations_sql!("");
+/// `SKIP LOCKED` rather than `NOWAIT`: `NOWAIT` fails the statement, and with
+/// it the transaction, at the first row held elsewhere without naming it;
+/// `SKIP LOCKED` returns the rows it took, so the transaction goes on with
+/// those and leaves the others out.
+const LOCK_CONVERSATIONS_SKIP_LOCKED: &str = lock_conversations_sql!(" SKIP LOCKED");
+
+/// Which of the conversations exist, without locking (a row another
+/// transaction holds is still read).
+const EXISTING_CONVERSATIONS: &str = "SELECT conv_id FROM conversations WHERE conv_id = ANY($1::text[])";
 
 /// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
 /// join against the key list can scan the whole conversation). Tombstones are
@@ -56,9 +83,14 @@ const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::te
 pub(super) async fn lock_conversations(
     tx: &Transaction<'_>,
     jobs: &[BatchJob],
+    mode: LockMode,
 ) -> Result<HashMap<ConvId, ConvRow>, StoreError> {
     let ids: Vec<&str> = jobs.iter().map(|j| j.conv.as_str()).collect();
-    let rows = tx.query_typed(LOCK_CONVERSATIONS, &[(&ids, Type::TEXT_ARRAY)]).await?;
+    let statement = match mode {
+        LockMode::Wait => LOCK_CONVERSATIONS,
+        LockMode::SkipLocked => LOCK_CONVERSATIONS_SKIP_LOCKED,
+    };
+    let rows = tx.query_typed(statement, &[(&ids, Type::TEXT_ARRAY)]).await?;
     Ok(rows
         .iter()
         .filter_map(|r| {
@@ -78,6 +110,22 @@ pub(super) async fn lock_conversations(
             Some((conv, row))
         })
         .collect())
+}
+
+/// The conversations of `jobs` that exist but whose rows `locked` lacks: held
+/// by another transaction when the rows were taken with `SKIP LOCKED`. A
+/// conversation that does not exist is not among them (it answers as unknown).
+pub(super) async fn held_elsewhere(
+    tx: &Transaction<'_>,
+    jobs: &[BatchJob],
+    locked: &HashMap<ConvId, ConvRow>,
+) -> Result<HashSet<ConvId>, StoreError> {
+    let missing: Vec<&str> = jobs.iter().filter(|j| !locked.contains_key(&j.conv)).map(|j| j.conv.as_str()).collect();
+    if missing.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let rows = tx.query_typed(EXISTING_CONVERSATIONS, &[(&missing, Type::TEXT_ARRAY)]).await?;
+    Ok(rows.iter().filter_map(|r| ConvId::parse(r.get(0)).ok()).collect())
 }
 
 /// An earlier event or tombstone of a request key.

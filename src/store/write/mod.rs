@@ -1,6 +1,6 @@
 //! The write transaction: a batch of one conversation's ops under its row lock
 //! (ARCHITECTURE §3), or the batches of several conversations at once (the
-//! commit stage). The `direct` write path runs it with one op.
+//! commit stage, `merged`). The `direct` write path runs it with one op.
 //!
 //! Round trips: lock; one replay + tombstone lookup for every request key of the
 //! batch; the member map where the cache is stale; membership changes, if any;
@@ -10,11 +10,14 @@
 //! * `batch` — the batch being built: seqs, events, membership changes;
 //!   `send` and `membership` hold the rules of each op.
 //! * `append` — the one INSERT of every event and the row updates.
+//! * `merged` — the commit stage's transaction: what happens to each job of
+//!   it (committed, left out because its row is held elsewhere, rolled back).
 
 mod append;
 mod batch;
 mod lookup;
 mod membership;
+mod merged;
 mod send;
 
 use std::collections::HashMap;
@@ -30,8 +33,9 @@ use super::{Store, StoreError};
 use crate::domain::{Body, DeliveryMode, Event, LeaveReason, Rejection, Role};
 use append::append_events;
 use batch::BatchBuilder;
-use lookup::{load_members, lock_conversations, lookup_joiners, lookup_request_keys};
+use lookup::{load_members, lock_conversations, lookup_joiners, lookup_request_keys, ConvRow, LockMode};
 use membership::write_member_changes;
+pub(super) use merged::Share;
 
 /// One write request against one conversation.
 #[derive(Debug, Clone)]
@@ -152,25 +156,25 @@ impl Store {
         cache: ConvCache,
         ops: &[WriteOp],
     ) -> Result<(WrittenBatch, ConvCache), StoreError> {
-        let job = BatchJob { conv: conv.clone(), cache, ops: ops.to_vec() };
-        let mut done = self.write_batches(vec![job]).await?;
-        done.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
+        self.write_job(BatchJob { conv: conv.clone(), cache, ops: ops.to_vec() }).await
     }
 
-    /// Commits the batches of several conversations (distinct `conv`s) in one
-    /// transaction: one lock statement (rows in `conv_id` order), one lookup of
-    /// every request key, one INSERT of every event. Each conversation's ops
-    /// keep their order and their own outcomes; a database error fails all.
-    pub async fn write_batches(&self, mut jobs: Vec<BatchJob>) -> Result<Vec<(WrittenBatch, ConvCache)>, StoreError> {
+    /// Commits one conversation's batch in a transaction of its own, which
+    /// waits for the row lock (at most `lock_timeout`) if another holds it.
+    pub(in crate::store) async fn write_job(&self, job: BatchJob) -> Result<(WrittenBatch, ConvCache), StoreError> {
         let mut phase = Phase::start();
         let mut conn = self.pool.get().await?;
         phase.end("pool");
         let tx = conn.transaction().await?;
         phase.end("begin");
-        let written = apply_batches(&tx, &mut jobs, &mut phase).await?;
+        let mut jobs = [job];
+        let rows = lock_conversations(&tx, &jobs, LockMode::Wait).await?;
+        phase.end("lock");
+        let mut written = apply_batches(&tx, &mut jobs, &rows, &mut phase).await?;
         tx.commit().await?;
         phase.end("commit");
-        Ok(written.into_iter().zip(jobs.into_iter().map(|j| j.cache)).collect())
+        let [job] = jobs;
+        Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
     }
 }
 
@@ -181,23 +185,25 @@ pub(super) async fn apply_ops(
     cache: &mut ConvCache,
     ops: &[WriteOp],
 ) -> Result<WrittenBatch, StoreError> {
-    let mut jobs = vec![BatchJob { conv: conv.clone(), cache: std::mem::take(cache), ops: ops.to_vec() }];
-    let mut written = apply_batches(tx, &mut jobs, &mut Phase::start()).await?;
-    *cache = std::mem::take(&mut jobs[0].cache);
+    let mut jobs = [BatchJob { conv: conv.clone(), cache: std::mem::take(cache), ops: ops.to_vec() }];
+    let rows = lock_conversations(tx, &jobs, LockMode::Wait).await?;
+    let mut written = apply_batches(tx, &mut jobs, &rows, &mut Phase::start()).await?;
+    let [job] = jobs;
+    *cache = job.cache;
     written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
 }
 
-/// Applies every job inside `tx`, which the caller commits. Checks run in the
-/// order of PROTOCOL §5 `send`, all under the conversation row locks.
+/// Applies every job inside `tx`, which the caller commits, against `rows`:
+/// the conversation rows `tx` holds locked (a job without one answers as an
+/// unknown conversation). Checks run in the order of PROTOCOL §5 `send`.
 async fn apply_batches(
     tx: &Transaction<'_>,
     jobs: &mut [BatchJob],
+    rows: &HashMap<ConvId, ConvRow>,
     phase: &mut Phase,
 ) -> Result<Vec<WrittenBatch>, StoreError> {
-    let rows = lock_conversations(tx, jobs).await?;
-    phase.end("lock");
-    load_members(tx, jobs, &rows).await?;
-    let prior = lookup_request_keys(tx, jobs, &rows).await?;
+    load_members(tx, jobs, rows).await?;
+    let prior = lookup_request_keys(tx, jobs, rows).await?;
     let known_users = lookup_joiners(tx, jobs).await?;
     phase.end("lookup");
 

@@ -1,0 +1,86 @@
+//! The commit stage's transaction: the batches of several conversations in
+//! one transaction, and what became of each (ARCHITECTURE §3).
+//!
+//! Rows are taken with `SKIP LOCKED`: a conversation whose row another
+//! transaction holds (a second node, an admin tool, an epoch bump) is left out
+//! before any statement of its batch runs, and handed back to be committed on
+//! its own, so it never makes the others wait. Whatever fails after that
+//! fails the transaction as a whole; each job then learns whether nothing of
+//! it took effect (failed before COMMIT was sent) or its fate is unknown
+//! (COMMIT failed), which decides whether it may run again.
+
+use std::sync::Arc;
+
+use super::lookup::{held_elsewhere, lock_conversations, LockMode};
+use super::{apply_batches, BatchJob, ConvCache, Phase, WrittenBatch};
+use crate::store::{Store, StoreError};
+
+/// What became of one job of a merged transaction.
+#[derive(Debug)]
+pub(in crate::store) enum Share {
+    Committed(WrittenBatch, ConvCache),
+    /// Its row was held by another transaction: none of its statements ran,
+    /// so it can run again, alone.
+    Locked(BatchJob),
+    /// The transaction failed before COMMIT was sent and rolled back: nothing
+    /// of the job took effect. Its cache is reset: it may describe
+    /// membership changes the transaction never committed.
+    RolledBack(BatchJob, Arc<StoreError>),
+    /// COMMIT failed: the job may or may not have taken effect.
+    Unknown(Arc<StoreError>),
+}
+
+impl Store {
+    /// Commits the batches of several conversations (distinct `conv`s) in one
+    /// transaction: one lock statement (rows in `conv_id` order, `SKIP
+    /// LOCKED`), one lookup of every request key, one INSERT of every event.
+    /// Each conversation's ops keep their order and their own outcomes. One
+    /// share per job, in the order of `jobs`.
+    pub(in crate::store) async fn write_merged(&self, jobs: Vec<BatchJob>) -> Vec<Share> {
+        let mut phase = Phase::start();
+        let mut conn = match self.pool.get().await {
+            Ok(conn) => conn,
+            Err(e) => return rolled_back(jobs, e.into()),
+        };
+        phase.end("pool");
+        let tx = match conn.transaction().await {
+            Ok(tx) => tx,
+            Err(e) => return rolled_back(jobs, e.into()),
+        };
+        phase.end("begin");
+        let taken = match lock_conversations(&tx, &jobs, LockMode::SkipLocked).await {
+            Ok(rows) => held_elsewhere(&tx, &jobs, &rows).await.map(|held| (rows, held)),
+            Err(e) => Err(e),
+        };
+        let (rows, held) = match taken {
+            Ok(taken) => taken,
+            Err(e) => return rolled_back(jobs, e),
+        };
+        phase.end("lock");
+        let left_out: Vec<bool> = jobs.iter().map(|j| held.contains(&j.conv)).collect();
+        let (mut running, locked): (Vec<BatchJob>, Vec<BatchJob>) =
+            jobs.into_iter().partition(|j| !held.contains(&j.conv));
+
+        let ran = match apply_batches(&tx, &mut running, &rows, &mut phase).await {
+            Ok(written) => match tx.commit().await {
+                Ok(()) => {
+                    phase.end("commit");
+                    written.into_iter().zip(running).map(|(w, job)| Share::Committed(w, job.cache)).collect()
+                }
+                Err(e) => {
+                    let e = Arc::new(StoreError::from(e));
+                    running.iter().map(|_| Share::Unknown(e.clone())).collect()
+                }
+            },
+            // `tx` is dropped unfinished: it rolls back.
+            Err(e) => rolled_back(running, e),
+        };
+        let (mut ran, mut locked) = (ran.into_iter(), locked.into_iter().map(Share::Locked));
+        left_out.into_iter().filter_map(|out| if out { locked.next() } else { ran.next() }).collect()
+    }
+}
+
+fn rolled_back(jobs: Vec<BatchJob>, e: StoreError) -> Vec<Share> {
+    let e = Arc::new(e);
+    jobs.into_iter().map(|job| Share::RolledBack(BatchJob { cache: ConvCache::default(), ..job }, e.clone())).collect()
+}
