@@ -164,7 +164,7 @@ const WAITING_FOR_ROW_LOCK: &str = "wait_event_type = 'Lock' AND query LIKE '%FO
 
 use eviction::eviction_races;
 use faults::{killed_mid_batch, overload_sheds, Stall};
-use ordering::{issue_order, two_writers_one_log};
+use ordering::{issue_order, two_writers_one_log, RowLock};
 
 macro_rules! on_both_commit_modes {
     ($($name:ident => $check:ident($($arg:expr),*);)*) => {
@@ -195,9 +195,12 @@ macro_rules! on_both_commit_modes {
 // The last argument of each check is its number of commit-stage workers.
 on_both_commit_modes! {
     one_clients_sends_get_strictly_increasing_seqs_in_issue_order => issue_order();
-    two_hubs_sending_every_key_write_one_gapless_log_and_agree_on_every_ack => two_writers_one_log(Path::Actor);
+    two_hubs_sending_every_key_write_one_gapless_log_and_agree_on_every_ack =>
+        two_writers_one_log(Path::Actor, RowLock::Held);
+    control_two_hubs_without_the_row_lock_fail_the_same_check =>
+        two_writers_one_log(Path::Actor, RowLock::TakenAway);
     an_actor_and_a_direct_writer_sending_every_key_write_one_gapless_log_and_agree_on_every_ack =>
-        two_writers_one_log(Path::Direct);
+        two_writers_one_log(Path::Direct, RowLock::Held);
     a_batch_killed_while_waiting_for_the_row_lock_fails_as_a_whole_and_retries_once_each =>
         killed_mid_batch(Stall::RowLock);
     a_batch_killed_during_commit_fails_as_a_whole_and_retries_once_each => killed_mid_batch(Stall::AtCommit);
