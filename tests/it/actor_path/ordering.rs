@@ -53,7 +53,7 @@ pub(super) enum RowLock {
 
 /// Most ops an actor commits in one transaction here: a key's two sends
 /// meet across batches and across writers, not inside one batch.
-const SMALL_BATCH: usize = 4;
+pub(super) const SMALL_BATCH: usize = 4;
 
 pub(super) async fn two_writers_one_log(second: Path, lock: RowLock, workers: usize) {
     const KEYS: usize = 300;
