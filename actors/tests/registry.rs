@@ -124,13 +124,14 @@ fn reconnect_storm(reg: &Registry, u: &UserId, d: &DeviceId) -> StormLog {
     merged
 }
 
+/// Cleans up one closing connection's route; returns the connection whose
+/// route it removed, if it removed one.
+type Cleanup = fn(&Registry, &UserId, &DeviceId, ConnId) -> Option<ConnId>;
+
 /// Delivers the close of every connection in `ids` from `STORM_THREADS`
 /// threads at once, in a shuffled order, through `cleanup`. Returns how many
-/// cleanups reported that they removed a route.
-fn late_cleanups<F>(reg: &Registry, u: &UserId, d: &DeviceId, mut ids: Vec<ConnId>, cleanup: F) -> usize
-where
-    F: Fn(&Registry, &UserId, &DeviceId, ConnId) -> bool + Sync,
-{
+/// cleanups removed a route.
+fn late_cleanups(reg: &Registry, u: &UserId, d: &DeviceId, mut ids: Vec<ConnId>, cleanup: Cleanup) -> usize {
     Rng::new(7).shuffle(&mut ids);
     let chunk = ids.len().div_ceil(STORM_THREADS).max(1);
     let start = Barrier::new(ids.chunks(chunk).count());
@@ -138,10 +139,10 @@ where
         let handles: Vec<_> = ids
             .chunks(chunk)
             .map(|mine| {
-                let (start, cleanup) = (&start, &cleanup);
+                let start = &start;
                 s.spawn(move || {
                     start.wait();
-                    mine.iter().filter(|&&id| cleanup(reg, u, d, id)).count()
+                    mine.iter().filter(|&&id| cleanup(reg, u, d, id).is_some()).count()
                 })
             })
             .collect();
@@ -150,17 +151,73 @@ where
 }
 
 /// The registry's own cleanup: compare-and-remove on the connection's id.
-fn compare_and_remove(reg: &Registry, u: &UserId, d: &DeviceId, id: ConnId) -> bool {
-    reg.unregister(u, d, id)
+fn compare_and_remove(reg: &Registry, u: &UserId, d: &DeviceId, closing: ConnId) -> Option<ConnId> {
+    reg.unregister(u, d, closing).then_some(closing)
 }
 
 /// The naive cleanup the registry exists to prevent: `remove(user, device)`,
-/// whatever connection the route belongs to. The registry offers no such call,
-/// so it is spelled as "remove the route that is there now".
-fn naive_remove(reg: &Registry, u: &UserId, d: &DeviceId, _closing: ConnId) -> bool {
-    match reg.route(u, d) {
-        Some(current) => reg.unregister(u, d, current.conn_id),
-        None => false,
+/// whatever connection the route belongs to. The registry offers no such
+/// call, so it is spelled as "remove the route that is there now".
+fn naive_remove(reg: &Registry, u: &UserId, d: &DeviceId, _closing: ConnId) -> Option<ConnId> {
+    let current = reg.route(u, d)?.conn_id;
+    reg.unregister(u, d, current).then_some(current)
+}
+
+/// What reconnects racing late cleanups left behind.
+struct RacingOutcome {
+    /// The highest id of all: some thread's last connection, never closed.
+    newest: ConnId,
+    route: Option<Route<u64>>,
+    counts: (usize, usize),
+    /// Cleanups that removed the route of a connection other than the one
+    /// closing.
+    removed_others: usize,
+}
+
+/// `STORM_THREADS` threads reconnect one device `RECONNECTS_PER_THREAD`
+/// times each, all at once, and clean up each of their connections a few
+/// reconnects late, in a random order, through `cleanup`; at the end each
+/// closes everything but its last connection.
+fn reconnects_racing_late_cleanups(cleanup: Cleanup) -> RacingOutcome {
+    let reg = Registry::new();
+    let (ana, phone) = (user("ana"), device("phone"));
+    let start = Barrier::new(STORM_THREADS);
+    let per_thread: Vec<(ConnId, usize)> = thread::scope(|s| {
+        let handles: Vec<_> = (0..STORM_THREADS)
+            .map(|t| {
+                let (reg, ana, phone, start) = (&reg, &ana, &phone, &start);
+                s.spawn(move || {
+                    let mut rng = Rng::new(t as u64 + 1);
+                    let mut removed_others = 0;
+                    let mut close = |closing: ConnId| {
+                        removed_others += usize::from(cleanup(reg, ana, phone, closing).is_some_and(|r| r != closing));
+                    };
+                    // This thread's connections whose close is not yet processed.
+                    let mut open: Vec<ConnId> = Vec::new();
+                    start.wait();
+                    for _ in 0..RECONNECTS_PER_THREAD {
+                        let id = reg.next_conn_id();
+                        let _ = register(reg, ana, phone, id);
+                        open.push(id);
+                        if open.len() > 3 {
+                            close(open.swap_remove(rng.below(open.len() - 1)));
+                        }
+                    }
+                    let last = *open.iter().max().unwrap();
+                    for &id in open.iter().filter(|&&id| id != last) {
+                        close(id);
+                    }
+                    (last, removed_others)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    RacingOutcome {
+        newest: per_thread.iter().map(|&(last, _)| last).max().unwrap(),
+        route: reg.route(&ana, &phone),
+        counts: (reg.connection_count(), reg.user_count()),
+        removed_others: per_thread.iter().map(|&(_, n)| n).sum(),
     }
 }
 
@@ -302,68 +359,32 @@ fn late_cleanup_of_every_old_connection_after_the_storm_leaves_the_newest() {
     assert_eq!(reg.routes_of(&ana), vec![]);
 }
 
-/// Negative control: the same storm and the same late-cleanup schedule, with
-/// cleanup done as an unconditional `remove(user, device)`. It must lose the
-/// newest route; if it ever stopped doing so, the test above would prove
-/// nothing.
-#[test]
-fn a_naive_unconditional_remove_cleanup_loses_the_newest_route_under_the_same_schedule() {
-    let reg = Registry::new();
-    let (ana, phone) = (user("ana"), device("phone"));
-    let log = reconnect_storm(&reg, &ana, &phone);
-    let newest = *log.all.iter().max().unwrap();
-    let old: Vec<ConnId> = log.all.iter().copied().filter(|&id| id != newest).collect();
-
-    let removed = late_cleanups(&reg, &ana, &phone, old, naive_remove);
-
-    assert_eq!(removed, 1, "the naive cleanup removes the one route there is");
-    assert_eq!(reg.route(&ana, &phone), None, "the naive cleanup should have lost the newest connection's route");
-    assert_eq!((reg.connection_count(), reg.user_count()), (0, 0));
-}
-
 #[test]
 fn reconnects_racing_late_cleanups_of_earlier_connections_keep_the_newest_route() {
-    let reg = Registry::new();
-    let (ana, phone) = (user("ana"), device("phone"));
-    let start = Barrier::new(STORM_THREADS);
+    let r = reconnects_racing_late_cleanups(compare_and_remove);
 
-    let last_ids: Vec<ConnId> = thread::scope(|s| {
-        let handles: Vec<_> = (0..STORM_THREADS)
-            .map(|t| {
-                let (reg, ana, phone, start) = (&reg, &ana, &phone, &start);
-                s.spawn(move || {
-                    let mut rng = Rng::new(t as u64 + 1);
-                    // This thread's connections whose close is not yet
-                    // processed; each is cleaned up a few reconnects late,
-                    // in a random order.
-                    let mut open: Vec<ConnId> = Vec::new();
-                    start.wait();
-                    for _ in 0..RECONNECTS_PER_THREAD {
-                        let id = reg.next_conn_id();
-                        let _ = register(reg, ana, phone, id);
-                        open.push(id);
-                        if open.len() > 3 {
-                            let closing = open.swap_remove(rng.below(open.len() - 1));
-                            reg.unregister(ana, phone, closing);
-                        }
-                    }
-                    // Close everything but this thread's last connection.
-                    let last = *open.iter().max().unwrap();
-                    for &id in open.iter().filter(|&&id| id != last) {
-                        reg.unregister(ana, phone, id);
-                    }
-                    last
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    // No registration can displace the newest connection, and its own
+    // cleanup never ran.
+    assert_eq!(r.route, Some(Route { conn_id: r.newest, recipient: r.newest.get() }));
+    assert_eq!(r.counts, (1, 1));
+    assert_eq!(r.removed_others, 0);
+}
 
-    // The highest id of all is some thread's last, never cleaned up, and no
-    // registration can displace it.
-    let newest = *last_ids.iter().max().unwrap();
-    assert_eq!(reg.route(&ana, &phone), Some(Route { conn_id: newest, recipient: newest.get() }));
-    assert_eq!((reg.connection_count(), reg.user_count()), (1, 1));
+/// Negative control: the same racing reconnects and cleanups, with each
+/// cleanup an unconditional `remove(user, device)`. Cleanups then remove
+/// newer connections' routes while the threads race, and the newest route
+/// is lost; if that ever stopped happening, the check above would prove
+/// nothing.
+#[test]
+fn control_a_naive_cleanup_racing_the_same_reconnects_removes_newer_routes_and_loses_the_newest() {
+    let r = reconnects_racing_late_cleanups(naive_remove);
+
+    assert!(r.removed_others > 0, "no naive cleanup removed another connection's route");
+    assert_ne!(
+        r.route.map(|route| route.conn_id),
+        Some(r.newest),
+        "the naive cleanup should have lost the newest connection's route"
+    );
 }
 
 #[test]

@@ -75,6 +75,20 @@ pub fn send_op(user: &str, key: &str, body: Body) -> WriteOp {
     })
 }
 
+pub async fn write_with(writer: &Writer, conv: &ConvId, op: WriteOp) -> Result<Written, WriteErr> {
+    writer.write(conv.clone(), op).await.map_err(|e| match e {
+        WriteFailure::Rejected(r) => WriteErr::Rejected(r),
+        other => WriteErr::Failed(format!("{other:?}")),
+    })
+}
+
+pub async fn send_with(writer: &Writer, conv: &ConvId, user: &str, key: &str, body: Body) -> Result<SendAck, WriteErr> {
+    match write_with(writer, conv, send_op(user, key, body)).await? {
+        Written::Sent(ack) => Ok(ack),
+        other => Err(WriteErr::Failed(format!("unexpected {other:?}"))),
+    }
+}
+
 impl Env {
     pub async fn new(path: Path) -> Self {
         Self::with_pool(path, 16).await
@@ -92,18 +106,20 @@ impl Env {
         &self.db.store
     }
 
+    /// Another engine on the same write path over `store` (a pool of its
+    /// own on this database, as a second node would have); its conversation
+    /// actors commit at most `max_batch` ops a transaction.
+    pub fn another_node(&self, store: Store, max_batch: usize) -> Writer {
+        let write = WriteSettings { arbiters: 2, max_batch, ..WriteSettings::on(self.writer.path()) };
+        Engine::start(store, &EngineSettings { write, ..EngineSettings::default() }).writer
+    }
+
     pub async fn write(&self, conv: &ConvId, op: WriteOp) -> Result<Written, WriteErr> {
-        self.writer.write(conv.clone(), op).await.map_err(|e| match e {
-            WriteFailure::Rejected(r) => WriteErr::Rejected(r),
-            other => WriteErr::Failed(format!("{other:?}")),
-        })
+        write_with(&self.writer, conv, op).await
     }
 
     pub async fn send(&self, conv: &ConvId, user: &str, key: &str, body: Body) -> Result<SendAck, WriteErr> {
-        match self.write(conv, send_op(user, key, body)).await? {
-            Written::Sent(ack) => Ok(ack),
-            other => Err(WriteErr::Failed(format!("unexpected {other:?}"))),
-        }
+        send_with(&self.writer, conv, user, key, body).await
     }
 
     /// A group created by `creator` with `members` and default settings.

@@ -269,37 +269,33 @@ struct Attempt {
 /// send number `stall_at` carries the commit-stall mark.
 async fn keep_sending(port: u16, user: String, token: String, conv: &str, stall_at: Option<u64>) -> Vec<Attempt> {
     const WINDOW: usize = 4;
-    let mut req = format!("ws://127.0.0.1:{port}/v1/ws").into_client_request().expect("request");
-    req.headers_mut().insert("Authorization", format!("Bearer {token}").parse().expect("header"));
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.expect("upgrade");
+    let mut ws = imcore_client::Ws::connect(port, Some(&token)).await.expect("upgrade");
     let mut attempts: Vec<Attempt> = vec![];
+    // Request id → its attempt.
     let mut in_flight: HashMap<u64, usize> = HashMap::new();
     let mut next = 0u64;
     'run: loop {
         while in_flight.len() < WINDOW {
             let mark = if stall_at == Some(next) { commit_stall::MARK } else { "" };
             let (key, text) = (format!("{user}-{next}"), format!("message {next} of {user} {mark}"));
-            attempts.push(Attempt { user: user.clone(), token: token.clone(), key: key.clone(), text, ack: None });
-            in_flight.insert(next, attempts.len() - 1);
-            let mut frame = send_fields(conv, &key, &attempts[attempts.len() - 1].text);
-            frame["id"] = json!(next);
-            frame["op"] = json!("send");
+            let fields = send_fields(conv, &key, &text);
+            attempts.push(Attempt { user: user.clone(), token: token.clone(), key, text, ack: None });
             next += 1;
-            if ws.send(Message::Text(frame.to_string())).await.is_err() {
-                break 'run;
-            }
+            match ws.start("send", fields).await {
+                Ok(id) => in_flight.insert(id, attempts.len() - 1),
+                Err(_) => break 'run,
+            };
         }
-        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
-            Ok(Some(Ok(Message::Text(t)))) => {
-                let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
+        // Pushes of the other senders' messages arrive too; only replies count.
+        match tokio::time::timeout(Duration::from_secs(10), ws.read()).await {
+            Ok(Ok(v)) => {
                 let Some(i) = v["id"].as_u64().and_then(|id| in_flight.remove(&id)) else { continue };
                 if v["ok"] == true {
                     let mid = v["message_id"].as_str().unwrap_or("").to_owned();
                     attempts[i].ack = v["seq"].as_i64().map(|seq| (seq, mid));
                 }
             }
-            Ok(Some(Ok(_))) => {}
-            _ => break,
+            Ok(Err(_)) | Err(_) => break,
         }
     }
     attempts

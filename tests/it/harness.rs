@@ -105,4 +105,47 @@ impl TestDb {
     pub async fn client(&self) -> tokio_postgres::Client {
         connect(&self.url).await
     }
+
+    /// Takes the conversation row lock away from the write path of this
+    /// database, for negative controls; the product code runs unchanged.
+    ///
+    /// `conversations` becomes a view over the renamed table that reads it
+    /// through a materialized CTE. PostgreSQL applies a locking clause to the
+    /// tables and subqueries of a query, not to its CTEs, so the write path's
+    /// `SELECT … FROM conversations … FOR NO KEY UPDATE` locks nothing and two
+    /// writers of one conversation both read the same `next_seq`. The row
+    /// update at the end of a write transaction goes through an `INSTEAD OF`
+    /// trigger. Create the conversations first: the view takes no inserts.
+    pub async fn take_away_conversation_row_lock(&self) {
+        let c = self.client().await;
+        let columns: Vec<String> = c
+            .query(
+                "SELECT column_name::text FROM information_schema.columns
+                  WHERE table_schema = 'public' AND table_name = 'conversations' AND column_name <> 'conv_id'
+                  ORDER BY ordinal_position",
+                &[],
+            )
+            .await
+            .expect("columns of conversations")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let new_values: Vec<String> = columns.iter().map(|col| format!("NEW.{col}")).collect();
+        c.batch_execute(&format!(
+            "ALTER TABLE conversations RENAME TO conversation_rows;
+             CREATE VIEW conversations AS
+               WITH unlocked AS MATERIALIZED (SELECT * FROM conversation_rows) SELECT * FROM unlocked;
+             CREATE FUNCTION conversations_update() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               UPDATE conversation_rows SET ({}) = ROW({}) WHERE conv_id = OLD.conv_id;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER conversations_update INSTEAD OF UPDATE ON conversations
+               FOR EACH ROW EXECUTE FUNCTION conversations_update();",
+            columns.join(", "),
+            new_values.join(", ")
+        ))
+        .await
+        .expect("take the conversation row lock away");
+    }
 }

@@ -1,13 +1,15 @@
-//! The conversation-actor write path against a real PostgreSQL (issue
-//! "Conversation actors with group commit", item 4): issue order (P6), two
-//! writers on one log, a backend killed mid-batch, overload shedding, idle
-//! eviction racing sends, and the commit stage merging many conversations.
+//! The conversation-actor write path against a real PostgreSQL: issue order
+//! (P6), two writers on one log in small batches (and a control without the
+//! row lock), joins and leaves racing through two writers (P3, P4), a backend
+//! killed mid-batch, overload shedding, idle eviction racing sends, and the
+//! commit stage merging many conversations.
 //! Each check runs with one transaction per conversation batch and, where
 //! the commit stage changes what happens, with the merged commit stage too;
 //! each writes its record to evidence/im-04.
 
 mod eviction;
 mod faults;
+mod membership;
 mod merging;
 mod ordering;
 
@@ -164,7 +166,8 @@ const WAITING_FOR_ROW_LOCK: &str = "wait_event_type = 'Lock' AND query LIKE '%FO
 
 use eviction::eviction_races;
 use faults::{killed_mid_batch, overload_sheds, Stall};
-use ordering::{issue_order, two_writers_one_log};
+use membership::joins_and_leaves_race;
+use ordering::{issue_order, two_writers_one_log, RowLock};
 
 macro_rules! on_both_commit_modes {
     ($($name:ident => $check:ident($($arg:expr),*);)*) => {
@@ -195,9 +198,16 @@ macro_rules! on_both_commit_modes {
 // The last argument of each check is its number of commit-stage workers.
 on_both_commit_modes! {
     one_clients_sends_get_strictly_increasing_seqs_in_issue_order => issue_order();
-    two_hubs_sending_every_key_write_one_gapless_log_and_agree_on_every_ack => two_writers_one_log(Path::Actor);
+    two_hubs_sending_every_key_write_one_gapless_log_and_agree_on_every_ack =>
+        two_writers_one_log(Path::Actor, RowLock::Held);
+    control_two_hubs_without_the_row_lock_fail_the_same_check =>
+        two_writers_one_log(Path::Actor, RowLock::TakenAway);
     an_actor_and_a_direct_writer_sending_every_key_write_one_gapless_log_and_agree_on_every_ack =>
-        two_writers_one_log(Path::Direct);
+        two_writers_one_log(Path::Direct, RowLock::Held);
+    joins_and_leaves_of_one_user_racing_through_two_hubs_keep_periods_and_events_in_step =>
+        joins_and_leaves_race(Path::Actor);
+    joins_and_leaves_racing_through_an_actor_and_a_direct_writer_keep_periods_and_events_in_step =>
+        joins_and_leaves_race(Path::Direct);
     a_batch_killed_while_waiting_for_the_row_lock_fails_as_a_whole_and_retries_once_each =>
         killed_mid_batch(Stall::RowLock);
     a_batch_killed_during_commit_fails_as_a_whole_and_retries_once_each => killed_mid_batch(Stall::AtCommit);

@@ -43,17 +43,30 @@ pub(super) async fn issue_order(workers: usize) {
 
 // 2. Two writers on one database and one conversation, every key through both.
 
-pub(super) async fn two_writers_one_log(second: Path, workers: usize) {
+/// Whether the conversation row lock guards the log, or a negative control
+/// took it away from the test's database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RowLock {
+    Held,
+    TakenAway,
+}
+
+/// Most ops an actor commits in one transaction here: a key's two sends
+/// meet across batches and across writers, not inside one batch.
+pub(super) const SMALL_BATCH: usize = 4;
+
+pub(super) async fn two_writers_one_log(second: Path, lock: RowLock, workers: usize) {
     const KEYS: usize = 300;
     const TASKS: usize = 24;
     let db = TestDb::with_pool(16).await;
     let conv = group(&db.store, "g-two", &["u-ana", "u-ben"]).await;
+    if lock == RowLock::TakenAway {
+        db.take_away_conversation_row_lock().await;
+    }
     // As two nodes would be: separate pools, separate hubs (or no hub).
     let other = Store::connect(&db.url, 16).await.expect("second store");
-    let writers = [
-        writer(db.store.clone(), actor_path(workers, 2)),
-        writer(other, WriteSettings { path: second, ..actor_path(workers, 2) }),
-    ];
+    let small = WriteSettings { max_batch: SMALL_BATCH, ..actor_path(workers, 2) };
+    let writers = [writer(db.store.clone(), small.clone()), writer(other, WriteSettings { path: second, ..small })];
     let user = |i: usize| if i % 2 == 0 { "u-ana" } else { "u-ben" };
     // TASKS tasks, each going through its share of the keys one at a time:
     // both sends of a key start together (which one first alternates), so
@@ -106,7 +119,7 @@ pub(super) async fn two_writers_one_log(second: Path, workers: usize) {
             _ => fresh_not_one.push(format!("k{i}")),
         }
     }
-    let pass = failures.is_empty()
+    let check = failures.is_empty()
         && disagree.is_empty()
         && unlike_stored.is_empty()
         && fresh_not_one.is_empty()
@@ -117,17 +130,25 @@ pub(super) async fn two_writers_one_log(second: Path, workers: usize) {
         Path::Actor => "actor",
         Path::Direct => "direct",
     };
-    let (id, v) = match second {
-        Path::Actor => ("actor-two-hubs-one-log", variant(workers).to_owned()),
-        Path::Direct => ("actor-and-direct-one-log", format!("{}+{second_name}", variant(workers))),
+    let (id, v) = match (second, lock) {
+        (Path::Actor, RowLock::Held) => ("actor-two-hubs-one-log", variant(workers).to_owned()),
+        (Path::Actor, RowLock::TakenAway) => ("actor-two-hubs-control-without-row-lock", variant(workers).to_owned()),
+        (Path::Direct, _) => ("actor-and-direct-one-log", format!("{}+{second_name}", variant(workers))),
+    };
+    let expected = "two writers on one database write one conversation, actor batches of at most 4, every one of \
+                    300 keys sent through both at once: all succeed, one row per key, exactly one fresh ack per key, \
+                    both acks equal (seq, message_id, created_at) and equal the stored row, log gapless";
+    let (expected, pass) = match lock {
+        RowLock::Held => (expected.to_owned(), check),
+        RowLock::TakenAway => {
+            (format!("negative control, the row lock taken away, fails this check: {expected}"), !check)
+        }
     };
     record(
         SUITE,
         id,
         &v,
-        "two writers on one database write one conversation, every one of 300 keys sent through both at once: all \
-         succeed, one row per key, exactly one fresh ack per key, both acks equal (seq, message_id, created_at) \
-         and equal the stored row, log gapless",
+        &expected,
         json!({"keys": KEYS, "second_writer": second_name, "failures": failures.len(),
                "first_failures": &failures[..failures.len().min(3)], "acks_disagree": disagree.len(),
                "acks_unlike_stored": unlike_stored.len(), "keys_without_exactly_one_fresh_ack": fresh_not_one.len(),

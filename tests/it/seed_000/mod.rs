@@ -1,22 +1,28 @@
-//! Seed 000 §7: the persistence-boundary checks, each under its id, run
-//! against every write path. Each writes its record to evidence/im-04.
+//! The persistence-boundary checks, each under its id, run against every
+//! write path: history and visibility, rejections, replay (P2), gapless seqs
+//! (P1, P5) under concurrency with their negative controls, the history
+//! query's plan, leave and rejoin (P3, P4). Each writes its record to
+//! evidence/im-04.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use futures_util::future::join_all;
 use imcore::domain::Rejection;
 use imcore::domain::{LeaveReason, Role};
 use imcore::store::{CreateConversation, GroupSettings, JoinOp, LeaveOp, SyncRequest, WriteOp, SYNC_FORWARD};
+use imcore_actors::ConvId;
 use serde_json::json;
-use tokio::sync::Barrier;
 
 use crate::env::{cid, text, uid, Env, Path, PathName, WriteErr};
 use crate::evidence::record;
 
+mod races;
+
+use races::{
+    concurrent_replay_one_row, control_gapless_without_row_lock, control_replay_without_row_lock, demo_sequence_gaps,
+    seq_gapless,
+};
+
 const SUITE: &str = "im-04";
 
-async fn direct_chat(env: &Env) -> imcore_actors::ConvId {
+async fn direct_chat(env: &Env) -> ConvId {
     env.users(&["u-ana", "u-ben", "u-cai"]).await;
     let created = env
         .store()
@@ -115,146 +121,6 @@ pub async fn idempotency_mismatch(path: Path) {
         "same client_msg_id with another body: IDEMPOTENCY_MISMATCH; with the same body: dup=true, original seq and message_id; one row",
         json!({"mismatch": format!("{mismatch:?}"), "replay_dup": replay.dup, "replay_seq": replay.seq,
                "first_seq": first.seq, "same_message_id": replay.message_id == first.message_id, "events": count}),
-        pass,
-    );
-    assert!(pass);
-}
-
-pub async fn concurrent_replay_one_row(path: Path) {
-    const N: usize = 32;
-    let env = Arc::new(Env::with_pool(path, N as u32 + 2).await);
-    let conv = direct_chat(&env).await;
-    // Hold N pooled connections open so each send runs on its own connection.
-    {
-        let held: Vec<_> = join_all((0..N).map(|_| env.store().pool().get())).await;
-        assert!(held.iter().all(Result::is_ok), "pool of {N}");
-    }
-    let barrier = Arc::new(Barrier::new(N));
-    let tasks = (0..N).map(|_| {
-        let (env, conv, barrier) = (env.clone(), conv.clone(), barrier.clone());
-        async move {
-            barrier.wait().await;
-            env.send(&conv, "u-ana", "same-key", text("once")).await
-        }
-    });
-    let acks: Vec<_> = join_all(tasks).await.into_iter().map(|r| r.expect("send")).collect();
-    let c = env.db.client().await;
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM events WHERE conv_id = $1 AND client_msg_id = 'same-key'", &[&conv.as_str()])
-        .await
-        .expect("count")
-        .get(0);
-    let mut mids: Vec<_> = acks.iter().map(|a| a.message_id).collect();
-    mids.dedup();
-    let mut seqs: Vec<_> = acks.iter().map(|a| a.seq).collect();
-    seqs.dedup();
-    let fresh = acks.iter().filter(|a| !a.dup).count();
-    let pass = rows == 1 && mids.len() == 1 && seqs.len() == 1 && fresh == 1;
-    record(
-        SUITE,
-        "04-concurrent-replay-one-row",
-        path.name(),
-        "32 concurrent identical sends on 32 connections: 1 row, 1 message_id, 1 seq, exactly one dup=false",
-        json!({"senders": N, "rows": rows, "distinct_message_id": mids.len(), "distinct_seq": seqs.len(), "fresh": fresh}),
-        pass,
-    );
-    assert!(pass);
-}
-
-/// Negative control: the same race without the row lock and the unique index
-/// ("check, then insert") does duplicate, so the check above has teeth.
-pub async fn control_check_then_insert_duplicates(path: Path) {
-    const N: usize = 32;
-    let env = Env::new(path).await;
-    let setup = env.db.client().await;
-    setup.batch_execute("CREATE TABLE naive_events (client_msg_id text NOT NULL)").await.expect("naive table");
-    let clients = join_all((0..N).map(|_| env.db.client())).await;
-    let barrier = Arc::new(Barrier::new(N));
-    join_all(clients.iter().map(|c| {
-        let barrier = barrier.clone();
-        async move {
-            barrier.wait().await;
-            let seen = c
-                .query_opt("SELECT 1 FROM naive_events WHERE client_msg_id = 'same-key'", &[])
-                .await
-                .expect("check")
-                .is_some();
-            tokio::time::sleep(Duration::from_millis(5)).await; // widen the window, as seed 000 did
-            if !seen {
-                c.execute("INSERT INTO naive_events VALUES ('same-key')", &[]).await.expect("insert");
-            }
-        }
-    }))
-    .await;
-    let rows: i64 = setup.query_one("SELECT count(*) FROM naive_events", &[]).await.expect("count").get(0);
-    let pass = rows > 1;
-    record(
-        SUITE,
-        "04-control-check-then-insert-duplicates",
-        path.name(),
-        "negative control: 32 concurrent check-then-insert without lock or unique index write more than 1 row",
-        json!({"senders": N, "rows": rows}),
-        pass,
-    );
-    assert!(pass, "the naive version should have duplicated");
-}
-
-pub async fn seq_gapless(path: Path) {
-    const N: usize = 200;
-    let env = Arc::new(Env::with_pool(path, 64).await);
-    let conv = direct_chat(&env).await;
-    let barrier = Arc::new(Barrier::new(N));
-    let tasks = (0..N).map(|i| {
-        let (env, conv, barrier) = (env.clone(), conv.clone(), barrier.clone());
-        async move {
-            barrier.wait().await;
-            let user = if i % 2 == 0 { "u-ana" } else { "u-ben" };
-            env.send(&conv, user, &format!("k{i}"), text(&format!("burst {i}"))).await
-        }
-    });
-    let acks: Vec<_> = join_all(tasks).await;
-    let failed = acks.iter().filter(|a| a.is_err()).count();
-    let (count, min, max, next_seq) = env.log_stats(&conv).await;
-    let mut seqs: Vec<i64> = acks.iter().flatten().map(|a| a.seq).collect();
-    seqs.sort_unstable();
-    seqs.dedup();
-    let pass = failed == 0 && count == max && min == 1 && next_seq == max + 1 && max == 2 + N as i64 && seqs.len() == N;
-    record(
-        SUITE,
-        "04-seq-gapless",
-        path.name(),
-        "200 concurrent distinct sends: count = max(seq), min = 1, next_seq = max + 1, 200 distinct acked seqs",
-        json!({"senders": N, "failed": failed, "count": count, "min_seq": min, "max_seq": max, "next_seq": next_seq,
-               "distinct_acked_seqs": seqs.len()}),
-        pass,
-    );
-    assert!(pass);
-}
-
-/// Negative control: a database sequence does not give gapless numbers when
-/// transactions roll back (seed 000 §5.1, option A).
-pub async fn control_sequence_gaps(path: Path) {
-    let env = Env::new(path).await;
-    let mut c = env.db.client().await;
-    c.batch_execute("CREATE SEQUENCE seq_ctl; CREATE TABLE seq_events (seq bigint PRIMARY KEY)").await.expect("setup");
-    for i in 0..10 {
-        let tx = c.transaction().await.expect("begin");
-        tx.execute("INSERT INTO seq_events VALUES (nextval('seq_ctl'))", &[]).await.expect("insert");
-        if i % 3 == 1 {
-            tx.rollback().await.expect("rollback");
-        } else {
-            tx.commit().await.expect("commit");
-        }
-    }
-    let r = c.query_one("SELECT count(*), max(seq) FROM seq_events", &[]).await.expect("count");
-    let (rows, max): (i64, i64) = (r.get(0), r.get(1));
-    let pass = rows == 7 && max == 10;
-    record(
-        SUITE,
-        "04-control-sequence-gaps",
-        path.name(),
-        "negative control: 10 transactions take nextval, 3 roll back: 7 rows, max seq 10 (gaps)",
-        json!({"transactions": 10, "rolled_back": 3, "rows": rows, "max_seq": max}),
         pass,
     );
     assert!(pass);
@@ -366,15 +232,16 @@ on_path!(
         unknown_conv_same_error,
         idempotency_mismatch,
         concurrent_replay_one_row,
-        control_check_then_insert_duplicates,
+        control_replay_without_row_lock,
         seq_gapless,
-        control_sequence_gaps,
+        control_gapless_without_row_lock,
+        demo_sequence_gaps,
         history_uses_pk,
         leave_closes_interval,
     ]
 );
 
-// The negative controls and the plan check do not depend on the write path.
+// The demonstration and the plan check do not depend on the write path.
 on_path!(
     actor,
     super::Path::Actor,
@@ -384,7 +251,9 @@ on_path!(
         unknown_conv_same_error,
         idempotency_mismatch,
         concurrent_replay_one_row,
+        control_replay_without_row_lock,
         seq_gapless,
+        control_gapless_without_row_lock,
         leave_closes_interval,
     ]
 );
