@@ -13,6 +13,7 @@ mod gateway_faults;
 mod gateway_races;
 mod harness;
 mod inbox;
+mod limits;
 mod overload;
 mod seed_000;
 mod server;
