@@ -9,6 +9,7 @@
 //! an overflow.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::mem;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
@@ -20,6 +21,7 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use imcore_actors::registry::{ConnId, RouteRegistry};
 use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
+use tokio::sync::oneshot;
 
 use crate::budget::{MemoryBudget, Permit};
 use crate::config::DeliverySettings;
@@ -169,11 +171,20 @@ struct Job {
     appended: Appended,
     /// Every event as JSON, encoded once by whichever lane needs it first.
     encoded: OnceLock<Vec<String>>,
+    /// Dropped with the job, once every lane has pushed it (or dropped it):
+    /// tells a creator its conversation's first events are out.
+    _pushed: Option<oneshot::Sender<()>>,
 }
 
 impl Job {
     fn new(appended: Appended) -> Self {
-        Self { appended, encoded: OnceLock::new() }
+        Self { appended, encoded: OnceLock::new(), _pushed: None }
+    }
+
+    /// A job whose receiver resolves once every lane is done with it.
+    fn announced(appended: Appended) -> (Self, oneshot::Receiver<()>) {
+        let (pushed, done) = oneshot::channel();
+        (Self { appended, encoded: OnceLock::new(), _pushed: Some(pushed) }, done)
     }
 }
 
@@ -214,7 +225,8 @@ impl Delivery {
     /// committed: the creation's events reach the lanes before any batch of
     /// the conversation, so every connection gets its events in seq order
     /// even when a member who knew the id sends the moment the creation
-    /// committed. Dropped unreleased (the creation failed), it lets the held
+    /// committed (pushing them on the request thread let that send overtake
+    /// them). Dropped unreleased (the creation failed), it lets the held
     /// batches go.
     pub fn hold_creation(self: &Arc<Self>, conv: Option<ConvId>) -> CreationHold {
         if let Some(conv) = &conv {
@@ -233,13 +245,19 @@ impl Delivery {
         }
     }
 
-    fn release_creation(&self, conv: Option<&ConvId>, created: Option<Appended>) {
-        let creation = created.filter(|a| !a.events.is_empty()).map(|a| Arc::new(Job::new(a)));
+    /// Hands the creation's job over (with the held batches once no other
+    /// creation of the id is in progress); resolves once it was pushed.
+    fn release_creation(&self, conv: Option<&ConvId>, created: Option<Appended>) -> Option<oneshot::Receiver<()>> {
+        let (creation, pushed) = match created.filter(|a| !a.events.is_empty()).map(Job::announced) {
+            Some((job, pushed)) => (Some(Arc::new(job)), Some(pushed)),
+            None => (None, None),
+        };
         let Some(conv) = conv else {
-            return creation.into_iter().for_each(|job| self.to_lanes(job));
+            creation.into_iter().for_each(|job| self.to_lanes(job));
+            return pushed;
         };
         let Entry::Occupied(mut entry) = self.held.entry(conv.clone()) else {
-            return;
+            return pushed;
         };
         let held = entry.get_mut();
         if let Some(job) = creation {
@@ -255,6 +273,7 @@ impl Delivery {
             }
             entry.remove();
         }
+        pushed
     }
 
     /// Sends `frame` to every live device of `user`.
@@ -397,10 +416,18 @@ pub struct CreationHold {
 
 impl CreationHold {
     /// The creation committed and appended `created` (nothing when it found
-    /// the conversation existing).
-    pub fn release(mut self, created: Option<Appended>) {
+    /// the conversation existing). Resolves once those events were pushed to
+    /// the members' connections, so the creator answers after that, as a
+    /// device that connects after the answer gets them from `sync` instead.
+    pub fn release(mut self, created: Option<Appended>) -> impl Future<Output = ()> {
         let conv = self.conv.take();
-        self.delivery.release_creation(conv.as_ref(), created);
+        let pushed = self.delivery.release_creation(conv.as_ref(), created);
+        async move {
+            if let Some(pushed) = pushed {
+                // An error only says the sender was dropped: the job is done.
+                let _ = pushed.await;
+            }
+        }
     }
 }
 

@@ -71,9 +71,10 @@
 //! or await; fan-out (encoding, one push per device) is on the lanes, and a
 //! full lane or mailbox drops rather than waits. The exceptions are bounded
 //! CPU work on an HTTP worker: a new conversation's events are handed to the
-//! lanes before answering (with any batch of it that committed meanwhile,
-//! under a per-conversation map entry), and the `direct` path hands its batch
-//! to the lanes under a per-conversation map entry. With `commit_workers = 0` the
+//! lanes (with any batch of it that committed meanwhile, under a
+//! per-conversation map entry) and the answer awaits their fan-out, and the
+//! `direct` path hands its batch to the lanes under a per-conversation map
+//! entry. With `commit_workers = 0` the
 //! batch task runs its own transaction on the actor's arbiter instead of the
 //! System thread. Log lines are written synchronously by whichever thread
 //! logs.

@@ -385,7 +385,8 @@ async fn create_conversation(state: &AppState, user: &UserId, new: NewConversati
         head: info.head,
         members_before: Arc::default(),
         delivery_mode: info.delivery_mode,
-    }));
+    }))
+    .await;
     Ok(Reply { created: created.created, body: conversation_json(&info) })
 }
 
