@@ -57,6 +57,9 @@ pub struct Config {
     #[command(flatten)]
     pub ws: WsSettings,
 
+    #[command(flatten)]
+    pub limits: LimitSettings,
+
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "IMCORE_WORKERS", default_value_t = 0)]
     pub workers: usize,
@@ -86,6 +89,7 @@ impl Config {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             engine: EngineSettings::default(),
             ws: WsSettings::default(),
+            limits: LimitSettings::default(),
             workers: 0,
             log: "warn".into(),
             sync_max_bytes: SYNC_DEFAULT_MAX_BYTES,
@@ -275,6 +279,39 @@ impl WsSettings {
 
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms.max(1))
+    }
+}
+
+/// Limits across connections: what all clients together, or one user over
+/// time, may make the server hold or do.
+#[derive(Debug, Clone, Args)]
+pub struct LimitSettings {
+    /// Bytes of message bodies queued on the writer plus push frames queued
+    /// for connections, all clients together. Past it a write answers
+    /// `OVERLOADED` and a connection whose push does not fit is closed (1013).
+    #[arg(
+        long = "memory-budget-bytes",
+        value_name = "BYTES",
+        env = "IMCORE_MEMORY_BUDGET_BYTES",
+        default_value_t = LimitSettings::default().memory_budget_bytes
+    )]
+    pub memory_budget_bytes: usize,
+
+    /// Conversations one user may create per minute (a token bucket that
+    /// holds this many and refills over a minute); beyond it `OVERLOADED`.
+    /// 0: no limit.
+    #[arg(
+        long = "create-per-minute",
+        value_name = "COUNT",
+        env = "IMCORE_CREATE_PER_MINUTE",
+        default_value_t = LimitSettings::default().create_per_minute
+    )]
+    pub create_per_minute: u32,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        Self { memory_budget_bytes: 512 * 1024 * 1024, create_per_minute: 60 }
     }
 }
 

@@ -3,18 +3,27 @@
 //! receiving connection. Nothing here blocks or awaits on a connection: each
 //! connection has a bounded mailbox, and one that overflows is told to close
 //! (the client reconnects and syncs), so a slow device never slows the
-//! conversation or the other devices.
+//! conversation or the other devices. Every push frame queued for a
+//! connection also holds its bytes of the global memory budget until the
+//! session writes it (or drops it); a push that does not fit is treated like
+//! an overflow.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::mem;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, LazyLock, OnceLock, Weak};
 
 use actix::dev::SendError;
 use actix::{Message, Recipient};
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
 use imcore_actors::registry::{ConnId, RouteRegistry};
 use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
+use tokio::sync::oneshot;
 
+use crate::budget::{MemoryBudget, Permit};
 use crate::config::DeliverySettings;
 use crate::domain::{DeliveryMode, Event, EventKind};
 use crate::metrics::metrics;
@@ -22,11 +31,12 @@ use crate::protocol::{encode_event, push_encoded_events, push_head};
 use crate::store::{Appended, MemberMap};
 
 /// What a connection is sent from outside its own request handling.
-#[derive(Debug, Clone, Message)]
+#[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub enum Push {
-    /// A JSON text frame, encoded once for all its recipients.
-    Frame(Arc<str>),
+    /// A JSON text frame, encoded once for all its recipients, and its bytes
+    /// of the memory budget, given back once the session wrote or dropped it.
+    Frame(Arc<str>, Permit),
     /// The connection's mailbox overflowed: close it (1013), the client resyncs.
     Overflowed,
     /// Close the connection after telling it why (`kicked` push).
@@ -58,6 +68,7 @@ pub struct Conn {
     /// a `Recipient` starts unparked — the queue would never look full.
     pub push: Arc<Recipient<Push>>,
     overflow: Arc<Overflow>,
+    budget: Arc<MemoryBudget>,
 }
 
 /// What an overflow must undo without the session's help.
@@ -79,31 +90,50 @@ struct Overflow {
 }
 
 impl Conn {
-    /// The connection `conn_id` of `user`'s `device`, registered in `routes`.
-    pub fn new(push: Recipient<Push>, routes: &Arc<Routes>, user: UserId, device: DeviceId, conn_id: ConnId) -> Self {
+    /// The connection `conn_id` of `user`'s `device`, registered in `routes`;
+    /// its queued pushes are paid from `budget`.
+    pub fn new(
+        push: Recipient<Push>,
+        routes: &Arc<Routes>,
+        budget: Arc<MemoryBudget>,
+        user: UserId,
+        device: DeviceId,
+        conn_id: ConnId,
+    ) -> Self {
         let overflow = Overflow { seen: AtomicBool::new(false), routes: Arc::downgrade(routes), user, device, conn_id };
-        Self { push: Arc::new(push), overflow: Arc::new(overflow) }
+        Self { push: Arc::new(push), overflow: Arc::new(overflow), budget }
     }
 
-    /// Never waits. A full mailbox drops this push, removes the route
-    /// (compare-and-remove: a newer connection of the device keeps its own)
-    /// and queues [`Push::Overflowed`] behind the pushes already queued, so
-    /// the session closes with 1013 as soon as it runs again; the client
+    /// Never waits. The frame's bytes are taken from the memory budget for
+    /// this connection (a frame shared by many connections is paid by each:
+    /// the budget bounds what the queues could hold, not what they share).
+    /// A full mailbox or an exhausted budget drops this push, removes the
+    /// route (compare-and-remove: a newer connection of the device keeps its
+    /// own) and queues [`Push::Overflowed`] behind the pushes already queued,
+    /// so the session closes with 1013 as soon as it runs again; the client
     /// reconnects and syncs (PROTOCOL §4).
-    pub fn send(&self, push: Push) {
-        match self.push.try_send(push) {
+    pub fn send(&self, frame: Arc<str>) {
+        if self.overflow.seen.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(permit) = self.budget.try_acquire(frame.len()) else {
+            return self.overflowed("over_budget");
+        };
+        match self.push.try_send(Push::Frame(frame, permit)) {
             Ok(()) | Err(SendError::Closed(_)) => {}
-            Err(SendError::Full(_)) => {
-                let o = &self.overflow;
-                if !o.seen.swap(true, Ordering::Relaxed) {
-                    metrics().kicks.with_label_values(&["overflowed"]).inc();
-                    if let Some(routes) = o.routes.upgrade() {
-                        routes.unregister(&o.user, &o.device, o.conn_id);
-                    }
-                    // One small message past the bound, once per connection.
-                    self.push.do_send(Push::Overflowed);
-                }
+            Err(SendError::Full(_)) => self.overflowed("overflowed"),
+        }
+    }
+
+    fn overflowed(&self, reason: &'static str) {
+        let o = &self.overflow;
+        if !o.seen.swap(true, Ordering::Relaxed) {
+            metrics().kicks.with_label_values(&[reason]).inc();
+            if let Some(routes) = o.routes.upgrade() {
+                routes.unregister(&o.user, &o.device, o.conn_id);
             }
+            // One small message past the bound, once per connection.
+            self.push.do_send(Push::Overflowed);
         }
     }
 }
@@ -121,6 +151,19 @@ pub type Routes = RouteRegistry<Conn>;
 pub struct Delivery {
     fan: Arc<FanOut>,
     lanes: Vec<SyncSender<Arc<Job>>>,
+    /// Conversations being created whose id is known beforehand (a direct
+    /// chat's, a group's chosen id): their batches wait here until the
+    /// creation's own events are on the lanes. See [`Delivery::hold_creation`].
+    held: DashMap<ConvId, Held>,
+}
+
+/// Batches of a conversation whose creation is in progress.
+#[derive(Default)]
+struct Held {
+    /// Creations of this id in progress (two devices may create one direct chat at once).
+    creations: usize,
+    /// In the order they go to the lanes.
+    jobs: Vec<Arc<Job>>,
 }
 
 /// A committed batch, shared by the lanes.
@@ -128,11 +171,20 @@ struct Job {
     appended: Appended,
     /// Every event as JSON, encoded once by whichever lane needs it first.
     encoded: OnceLock<Vec<String>>,
+    /// Dropped with the job, once every lane has pushed it (or dropped it):
+    /// tells a creator its conversation's first events are out.
+    _pushed: Option<oneshot::Sender<()>>,
 }
 
 impl Job {
     fn new(appended: Appended) -> Self {
-        Self { appended, encoded: OnceLock::new() }
+        Self { appended, encoded: OnceLock::new(), _pushed: None }
+    }
+
+    /// A job whose receiver resolves once every lane is done with it.
+    fn announced(appended: Appended) -> (Self, oneshot::Receiver<()>) {
+        let (pushed, done) = oneshot::channel();
+        (Self { appended, encoded: OnceLock::new(), _pushed: Some(pushed) }, done)
     }
 }
 
@@ -154,26 +206,74 @@ impl Delivery {
                     .spawn(move || {
                         // Ends when the `Delivery` (every sender) is dropped.
                         for job in jobs {
-                            fan.fan_out(&job, Some(lane));
+                            fan.fan_out(&job, lane);
                         }
                     })
                     .map(|_| sender)
             })
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_else(|e| panic!("cannot start delivery threads: {e}"));
-        Self { fan, lanes }
+        Self { fan, lanes, held: DashMap::new() }
     }
 
     pub fn routes(&self) -> &Arc<Routes> {
         &self.fan.routes
     }
 
-    /// Delivers a conversation's first events (its creation) on the caller's
-    /// thread, before the caller answers: no later event of the conversation
-    /// can exist yet, and a device connecting after the answer does not get
-    /// them pushed (its sync has them).
-    pub fn deliver_created(&self, appended: Appended) {
-        self.fan.fan_out(&Job::new(appended), None);
+    /// Taken before the transaction that creates conversation `conv` (its id,
+    /// when known beforehand), released with the events it appended once it
+    /// committed: the creation's events reach the lanes before any batch of
+    /// the conversation, so every connection gets its events in seq order
+    /// even when a member who knew the id sends the moment the creation
+    /// committed (pushing them on the request thread let that send overtake
+    /// them). Dropped unreleased (the creation failed), it lets the held
+    /// batches go.
+    pub fn hold_creation(self: &Arc<Self>, conv: Option<ConvId>) -> CreationHold {
+        if let Some(conv) = &conv {
+            self.held.entry(conv.clone()).or_default().creations += 1;
+        }
+        CreationHold { delivery: self.clone(), conv }
+    }
+
+    /// Hands `job` to every lane (never waits: a full lane drops it, counted).
+    fn to_lanes(&self, job: Arc<Job>) {
+        for lane in &self.lanes {
+            if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = lane.try_send(job.clone()) {
+                metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
+                tracing::warn!(conv_id = %job.appended.conv_id, "delivery lane full: pushes of a batch dropped");
+            }
+        }
+    }
+
+    /// Hands the creation's job over (with the held batches once no other
+    /// creation of the id is in progress); resolves once it was pushed.
+    fn release_creation(&self, conv: Option<&ConvId>, created: Option<Appended>) -> Option<oneshot::Receiver<()>> {
+        let (creation, pushed) = match created.filter(|a| !a.events.is_empty()).map(Job::announced) {
+            Some((job, pushed)) => (Some(Arc::new(job)), Some(pushed)),
+            None => (None, None),
+        };
+        let Some(conv) = conv else {
+            creation.into_iter().for_each(|job| self.to_lanes(job));
+            return pushed;
+        };
+        let Entry::Occupied(mut entry) = self.held.entry(conv.clone()) else {
+            return pushed;
+        };
+        let held = entry.get_mut();
+        if let Some(job) = creation {
+            // Its seqs come first: no batch can commit before the creation.
+            held.jobs.insert(0, job);
+        }
+        held.creations -= 1;
+        if held.creations == 0 {
+            // Under the entry's lock: a batch delivered meanwhile waits for
+            // `remove`, then goes to the lanes behind these.
+            for job in mem::take(&mut held.jobs) {
+                self.to_lanes(job);
+            }
+            entry.remove();
+        }
+        pushed
     }
 
     /// Sends `frame` to every live device of `user`.
@@ -186,16 +286,15 @@ impl FanOut {
     fn to_user(&self, user: &UserId, frame: &Arc<str>, except: Option<&DeviceId>) {
         for (device, route) in self.routes.routes_of(user) {
             if Some(&device) != except {
-                route.recipient.send(Push::Frame(frame.clone()));
+                route.recipient.send(frame.clone());
             }
         }
     }
 
-    /// Pushes the events of `job` to the members `lane` serves (`None`:
-    /// every member).
-    fn fan_out(&self, job: &Job, lane: Option<usize>) {
+    /// Pushes the events of `job` to the members `lane` serves.
+    fn fan_out(&self, job: &Job, lane: usize) {
         let (a, before) = (&job.appended, &*job.appended.members_before);
-        let mine = |user: &UserId| lane.map_or(true, |l| lane_of(user, self.lanes) == l);
+        let mine = |user: &UserId| lane_of(user, self.lanes) == lane;
         let conv = a.conv_id.as_str();
         if a.delivery_mode == DeliveryMode::Pull {
             let frame: Arc<str> = push_head(conv, a.head).into();
@@ -270,7 +369,7 @@ impl FanOut {
                         })
                         .clone()
                 };
-                route.recipient.send(Push::Frame(frame));
+                route.recipient.send(frame);
             }
         }
     }
@@ -301,11 +400,41 @@ impl Fanout<Appended> for Delivery {
             return;
         }
         let job = Arc::new(Job::new(appended));
-        for lane in &self.lanes {
-            if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = lane.try_send(job.clone()) {
-                metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
-                tracing::warn!(conv_id = %job.appended.conv_id, "delivery lane full: pushes of a batch dropped");
+        if let Some(mut held) = self.held.get_mut(&job.appended.conv_id) {
+            held.jobs.push(job);
+            return;
+        }
+        self.to_lanes(job);
+    }
+}
+
+/// A creation in progress (see [`Delivery::hold_creation`]).
+pub struct CreationHold {
+    delivery: Arc<Delivery>,
+    conv: Option<ConvId>,
+}
+
+impl CreationHold {
+    /// The creation committed and appended `created` (nothing when it found
+    /// the conversation existing). Resolves once those events were pushed to
+    /// the members' connections, so the creator answers after that, as a
+    /// device that connects after the answer gets them from `sync` instead.
+    pub fn release(mut self, created: Option<Appended>) -> impl Future<Output = ()> {
+        let conv = self.conv.take();
+        let pushed = self.delivery.release_creation(conv.as_ref(), created);
+        async move {
+            if let Some(pushed) = pushed {
+                // An error only says the sender was dropped: the job is done.
+                let _ = pushed.await;
             }
+        }
+    }
+}
+
+impl Drop for CreationHold {
+    fn drop(&mut self) {
+        if let Some(conv) = self.conv.take() {
+            self.delivery.release_creation(Some(&conv), None);
         }
     }
 }

@@ -20,6 +20,8 @@
 //!   and the benchmarks alike.
 //! * [`delivery`] — fan-out after commit through the route registry: frames
 //!   encoded once, bounded per-connection mailboxes, a slow device is closed.
+//! * [`budget`] — the global memory budget in bytes for queued message bodies
+//!   and queued push frames; beyond it `OVERLOADED` or a 1013 close.
 //! * [`protocol`] — wire shapes (events, conversations, pushes) and error codes.
 //! * [`pg`] — the embedded PostgreSQL used when no `DATABASE_URL` is given.
 //! * [`gateway`] — HTTP and WebSocket (PROTOCOL §3–6); PROTOCOL error codes
@@ -68,9 +70,11 @@
 //! Nothing on an arbiter blocks: the gateway and the actors only `try_send`
 //! or await; fan-out (encoding, one push per device) is on the lanes, and a
 //! full lane or mailbox drops rather than waits. The exceptions are bounded
-//! CPU work on an HTTP worker: `deliver_created` fans a new conversation's
-//! events out before answering, and the `direct` path hands its batch to the
-//! lanes under a per-conversation map entry. With `commit_workers = 0` the
+//! CPU work on an HTTP worker: a new conversation's events are handed to the
+//! lanes (with any batch of it that committed meanwhile, under a
+//! per-conversation map entry) and the answer awaits their fan-out, and the
+//! `direct` path hands its batch to the lanes under a per-conversation map
+//! entry. With `commit_workers = 0` the
 //! batch task runs its own transaction on the actor's arbiter instead of the
 //! System thread. Log lines are written synchronously by whichever thread
 //! logs.
@@ -81,6 +85,7 @@
 
 #[doc = include_str!("ARCHITECTURE.md")]
 pub mod architecture {}
+pub mod budget;
 pub mod config;
 pub mod delivery;
 pub mod domain;

@@ -1,5 +1,6 @@
 //! Prometheus metrics (PROTOCOL §6 `/metrics`): requests, errors by code, send
-//! latency, batch sizes, live connections, live conversation actors, pool state.
+//! latency, batch sizes, live connections, live conversation actors, pool state,
+//! the memory budget.
 //!
 //! Counters and histograms live in one process-wide registry, so the store can
 //! record batch sizes without a handle. Gauges that mirror state owned
@@ -44,6 +45,8 @@ pub struct Metrics {
     pub actors: IntGaugeVec,
     /// Sampled at scrape from the pool's own state: see [`sample_pool`].
     pub pool: IntGaugeVec,
+    /// Sampled at scrape: the memory budget's bytes `in_use` and its `limit`.
+    pub memory_budget: IntGaugeVec,
     /// Requests whose work is running now (both transports); held by a
     /// [`Running`] guard, so a finished or dropped request always leaves it.
     pub requests_running: IntGauge,
@@ -99,6 +102,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
         IntGauge::new("requests_running", "Requests whose work is running (answers not yet produced)")?;
     registry.register(Box::new(actors.clone()))?;
     registry.register(Box::new(pool.clone()))?;
+    let memory_budget = IntGaugeVec::new(
+        Opts::new("memory_budget_bytes", "Bytes of queued message bodies and queued push frames: state=in_use|limit"),
+        &["state"],
+    )?;
+    registry.register(Box::new(memory_budget.clone()))?;
     registry.register(Box::new(requests_running.clone()))?;
     Ok(Metrics {
         registry,
@@ -113,6 +121,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         live_actors,
         actors,
         pool,
+        memory_budget,
         requests_running,
     })
 }

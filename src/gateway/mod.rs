@@ -3,7 +3,8 @@
 //! (`error.rs`); both transports run the same op dispatch (`ops.rs`).
 //!
 //! # Layout
-//! * `auth` — device and admin bearer tokens.
+//! * `auth` — device and admin bearer tokens, refusals remembered briefly.
+//! * `create_rate` — the per-user limit on conversations created per minute.
 //! * `ops` — parsed requests and their one dispatch (WebSocket and HTTP).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
 //! * `session` — the WebSocket actor (the only user of `actix-web-actors`).
@@ -17,6 +18,7 @@
 
 mod admin;
 mod auth;
+mod create_rate;
 mod error;
 mod health;
 mod http;
@@ -34,6 +36,7 @@ use imcore_actors::registry::ConnId;
 
 pub use error::ApiError;
 
+use crate::budget::MemoryBudget;
 use crate::config::Config;
 use crate::delivery::{Delivery, Push};
 use crate::metrics::metrics;
@@ -51,6 +54,11 @@ pub struct AppState {
     /// Every open WebSocket session, routed or not: what graceful shutdown
     /// tells to leave. Inserted when a session starts, removed when it stops.
     pub sessions: DashMap<ConnId, Recipient<Push>>,
+    /// Bytes of bodies queued on the writer and of pushes queued for
+    /// connections, all clients together (`limits.memory_budget_bytes`).
+    pub budget: Arc<MemoryBudget>,
+    create_rate: create_rate::CreateRate,
+    refused_tokens: auth::RefusedTokens,
     /// Set once graceful shutdown began: upgrades are refused, sessions leave.
     shutting_down: AtomicBool,
 }
@@ -68,8 +76,11 @@ impl AppState {
             writer,
             delivery,
             admin_token,
-            config,
             sessions: DashMap::new(),
+            budget: MemoryBudget::new(config.limits.memory_budget_bytes),
+            create_rate: create_rate::CreateRate::new(config.limits.create_per_minute),
+            refused_tokens: auth::RefusedTokens::default(),
+            config,
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -100,6 +111,8 @@ async fn metrics_text(state: web::Data<AppState>) -> HttpResponse {
         m.actors.with_label_values(&["started_total"]).set(hub.actors_started() as i64);
         m.actors.with_label_values(&["evicted_total"]).set(hub.evictions() as i64);
     }
+    m.memory_budget.with_label_values(&["in_use"]).set(i64::try_from(state.budget.in_use()).unwrap_or(i64::MAX));
+    m.memory_budget.with_label_values(&["limit"]).set(i64::try_from(state.budget.limit()).unwrap_or(i64::MAX));
     crate::metrics::sample_pool(state.store.pool());
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render())
 }

@@ -21,7 +21,7 @@ use super::error::ApiError;
 use super::AppState;
 use crate::domain::{check_text, format_time, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS};
 use crate::metrics::{metrics, observe_send, Running};
-use crate::protocol::{conversation_json, event_json, push_read, send_ack_json};
+use crate::protocol::{conversation_json, event_json, push_read, send_ack_json, ErrorCode};
 use crate::store::{
     Appended, CreateConversation, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
     INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
@@ -272,6 +272,11 @@ pub fn dispatch(
     match req {
         Request::Send { conv, client_msg_id, body } => {
             let started = Instant::now();
+            // Held until the write is answered (or its caller goes away).
+            let Some(permit) = state.budget.try_acquire(body.text().len()) else {
+                let e = ApiError::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later");
+                return async move { Err(e) }.boxed_local();
+            };
             let op = WriteOp::Send(SendOp {
                 sender: caller.user_id.clone(),
                 device: caller.device_id.clone(),
@@ -280,7 +285,7 @@ pub fn dispatch(
             });
             let written = state.writer.write(conv, op);
             async move {
-                let _running = running;
+                let (_running, _permit) = (running, permit);
                 let result = written.await;
                 observe_send(started.elapsed());
                 match result? {
@@ -306,28 +311,7 @@ pub fn dispatch(
 async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Reply, ApiError> {
     let user = &caller.user_id;
     match req {
-        Request::CreateConversation(new) => {
-            let req = match new {
-                NewConversation::Direct { other } => CreateConversation::Direct { creator: user.clone(), other },
-                NewConversation::Group { conv_id, name, members, settings } => {
-                    CreateConversation::Group { creator: user.clone(), conv_id, name, members, settings }
-                }
-            };
-            let created = state.store.create_conversation(&req).await?;
-            let info = created.info;
-            if !created.events.is_empty() {
-                // Nobody was a member before: replaying the joins on an empty
-                // map gives each member the events from its own join on.
-                state.delivery.deliver_created(Appended {
-                    conv_id: info.conv_id.clone(),
-                    events: created.events,
-                    head: info.head,
-                    members_before: Arc::default(),
-                    delivery_mode: info.delivery_mode,
-                });
-            }
-            Ok(Reply { created: created.created, body: conversation_json(&info) })
-        }
+        Request::CreateConversation(new) => create_conversation(state, user, new).await,
         Request::GetConversation { conv } => {
             Ok(Reply::ok(conversation_json(&state.store.get_conversation(&conv, user).await?)))
         }
@@ -385,10 +369,43 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
     }
 }
 
+/// `create_conversation`, within the caller's creation rate (every request
+/// counts, one answering an existing direct chat too: it is checked first).
+async fn create_conversation(state: &AppState, user: &UserId, new: NewConversation) -> Result<Reply, ApiError> {
+    if !state.create_rate.allow(user) {
+        let n = state.config.limits.create_per_minute;
+        return Err(ApiError::new(
+            ErrorCode::Overloaded,
+            format!("over {n} conversations created per minute; retry later"),
+        ));
+    }
+    let req = match new {
+        NewConversation::Direct { other } => CreateConversation::Direct { creator: user.clone(), other },
+        NewConversation::Group { conv_id, name, members, settings } => {
+            CreateConversation::Group { creator: user.clone(), conv_id, name, members, settings }
+        }
+    };
+    // Batches of a conversation whose id others know may commit the moment
+    // it does: delivery holds them until the creation's events are handed over.
+    let hold = state.delivery.hold_creation(req.known_id());
+    let created = state.store.create_conversation(&req).await?;
+    let info = created.info;
+    // Nobody was a member before: replaying the joins on an empty map gives
+    // each member the events from its own join on.
+    hold.release((!created.events.is_empty()).then(|| Appended {
+        conv_id: info.conv_id.clone(),
+        events: created.events,
+        head: info.head,
+        members_before: Arc::default(),
+        delivery_mode: info.delivery_mode,
+    }))
+    .await;
+    Ok(Reply { created: created.created, body: conversation_json(&info) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::ErrorCode;
 
     fn parse(op: &str, v: Value) -> Result<Request, ApiError> {
         let Value::Object(m) = v else { panic!("object") };

@@ -21,7 +21,9 @@
 //!   the connection with 1013 (the client reconnects and syncs). Between the
 //!   mailbox and the socket, actix-http stops polling this actor while its write
 //!   buffer is over its size limit, so a client that does not read backs the
-//!   pushes up into the bounded mailbox, not into memory.
+//!   pushes up into the bounded mailbox, not into memory. Each queued push
+//!   also holds its bytes of the global memory budget until written; a push
+//!   that does not fit closes the connection the same way.
 //! * Heartbeat: a ping every `ws_ping_ms`; silence for `ws_timeout_ms` closes.
 
 use std::cell::Cell;
@@ -115,7 +117,14 @@ impl Actor for WsSession {
             self.owner.user_id.clone(),
             self.owner.device_id.clone(),
             self.conn_id,
-            Conn::new(recipient, routes, self.owner.user_id.clone(), self.owner.device_id.clone(), self.conn_id),
+            Conn::new(
+                recipient,
+                routes,
+                self.state.budget.clone(),
+                self.owner.user_id.clone(),
+                self.owner.device_id.clone(),
+                self.conn_id,
+            ),
         ) {
             Registered::New => {}
             Registered::Replaced(prev) => {
@@ -344,7 +353,8 @@ impl Handler<Push> for WsSession {
 
     fn handle(&mut self, push: Push, ctx: &mut Self::Context) {
         match push {
-            Push::Frame(frame) => ctx.text(&*frame),
+            // Copied into the write buffer: the budget's bytes go back here.
+            Push::Frame(frame, _permit) => ctx.text(&*frame),
             // Counted, and the route removed, when the overflow was found (`Conn::send`).
             Push::Overflowed => {
                 ctx.close(Some(CloseReason {

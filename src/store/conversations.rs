@@ -28,6 +28,17 @@ pub enum CreateConversation {
     },
 }
 
+impl CreateConversation {
+    /// The id the conversation will have, when it is known before it exists
+    /// (a direct chat's, a group's chosen one); `None` for a generated id.
+    pub fn known_id(&self) -> Option<ConvId> {
+        match self {
+            CreateConversation::Direct { creator, other } => Some(direct_conv_id(creator, other)),
+            CreateConversation::Group { conv_id, .. } => conv_id.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct GroupSettings {
     pub delivery_mode: DeliveryMode,

@@ -7,8 +7,9 @@
 //! open period — the truth of visibility — and sorted by
 //! `conversations.last_event_at`), and only the rows of that page then probe
 //! `events` by its primary key: a backward scan for the last event, and a
-//! forward range scan after the cursor for the unread count, stopped after
-//! [`UNREAD_CAP`] countable rows. Nothing scans a conversation's whole log.
+//! range scan of at most [`UNREAD_SCAN_ROWS`] seqs after the cursor for the
+//! unread count, stopped after [`UNREAD_CAP`] countable rows. Nothing scans a
+//! conversation's whole log.
 
 use std::sync::LazyLock;
 
@@ -25,6 +26,9 @@ pub const INBOX_DEFAULT_LIMIT: i64 = 50;
 pub const INBOX_MAX_LIMIT: i64 = 200;
 /// Unread counts are exact below this; this value itself means "999+".
 pub const UNREAD_CAP: i64 = 1000;
+/// The most seqs after the read cursor the unread count looks at (see
+/// [`InboxItem::unread`]).
+pub const UNREAD_SCAN_ROWS: i64 = 2 * UNREAD_CAP;
 
 #[derive(Debug, Clone)]
 pub struct InboxPage {
@@ -39,8 +43,11 @@ pub struct InboxItem {
     pub conversation: ConversationInfo,
     /// 0 when the user never marked anything read.
     pub read_seq: i64,
-    /// Visible, unrecalled `msg` events from others after `read_seq`, exact up
-    /// to 999; [`UNREAD_CAP`] means "999+".
+    /// Visible, unrecalled `msg` events from others among the
+    /// [`UNREAD_SCAN_ROWS`] seqs after `read_seq`, at most [`UNREAD_CAP`]
+    /// ("999+"): exact when the log ends within them or 1000 of them count, a
+    /// lower bound otherwise (say, after thousands of the user's own sends).
+    /// Counting further would scan the log of a user who sends and never reads.
     pub unread: i64,
     /// The newest event the user can see (`None` only when retention purged
     /// everything of its current period).
@@ -51,10 +58,11 @@ pub struct InboxItem {
 /// to fetch. Columns: the event columns of `sync` (0–13, NULL when there is no
 /// visible event), the conversation (14–29), read_seq, unread, last_event_at.
 ///
-/// The unread count's `ORDER BY e.seq` is there for the plan: it makes the
-/// count an ordered `events_pkey` scan that stops after [`UNREAD_CAP`] rows. A
-/// bitmap scan, which the planner may pick otherwise, reads the whole range
-/// after the cursor before the LIMIT applies.
+/// The unread count reads a seq range of at most [`UNREAD_SCAN_ROWS`] after
+/// the cursor (seqs are gapless, P1, so that many rows at most), whatever
+/// plan the planner picks: a LIMIT alone bounds only the rows that pass the
+/// filter, and the rows the user cannot count (its own messages) would pass
+/// unbounded. The LIMIT [`UNREAD_CAP`] then stops the count at "999+".
 ///
 /// The keyset mixes directions (time descending, id ascending), so the cursor
 /// condition is spelled out rather than a row comparison. The `page` subquery
@@ -90,8 +98,9 @@ SELECT le.seq, le.kind, le.created_at, le.message_id, le.sender_user, le.sender_
       SELECT 1 FROM events e
        WHERE e.conv_id = page.conv_id
          AND e.seq > greatest(coalesce(rc.read_seq, 0), page.from_seq - 1)
+         AND e.seq <= greatest(coalesce(rc.read_seq, 0), page.from_seq - 1) + {UNREAD_SCAN_ROWS}
          AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1
-       ORDER BY e.seq LIMIT {UNREAD_CAP}) x) u
+       LIMIT {UNREAD_CAP}) x) u
  ORDER BY c.last_event_at DESC, c.conv_id"
     )
 });

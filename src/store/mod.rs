@@ -21,11 +21,11 @@ use tokio_postgres::NoTls;
 
 use crate::config::StoreSettings;
 
-pub use accounts::{DeviceToken, TokenOwner};
+pub use accounts::{token_hash, DeviceToken, TokenOwner};
 use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use error::{ErrorClass, Report, StoreError};
-pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP};
+pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP, UNREAD_SCAN_ROWS};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_DEFAULT_MAX_BYTES, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{

@@ -18,6 +18,7 @@ mod gateway_races;
 mod harness;
 mod inbox;
 mod input_forms;
+mod limits;
 mod overload;
 mod seed_000;
 mod server;

@@ -1,0 +1,100 @@
+//! The global memory budget: bytes the server holds for clients that it has
+//! not finished with — message bodies queued on the writer, push frames queued
+//! for connections. Everything else per client is bounded by count (requests
+//! in flight, mailbox slots, queued ops); this bounds their sum in bytes, so
+//! many clients at their per-client caps cannot exhaust memory together.
+//!
+//! Taking bytes never waits: a caller that cannot get them sheds load at once
+//! (`OVERLOADED` for a write, a 1013 close for a push). A [`Permit`] gives its
+//! bytes back when dropped, wherever the thing it pays for ends.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// One process-wide byte budget, shared through an `Arc`.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl MemoryBudget {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self { limit, used: AtomicUsize::new(0) })
+    }
+
+    /// `n` bytes, if the budget has them. One compare-and-swap when
+    /// uncontended; `used` never exceeds `limit`, even transiently, so the
+    /// gauge never reads over it.
+    pub fn try_acquire(self: &Arc<Self>, n: usize) -> Option<Permit> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|&after| after <= self.limit)
+            })
+            .ok()?;
+        Some(Permit { budget: self.clone(), bytes: n })
+    }
+
+    /// Bytes held by live permits now.
+    pub fn in_use(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+/// Bytes taken from a [`MemoryBudget`]; given back on drop.
+#[derive(Debug)]
+pub struct Permit {
+    budget: Arc<MemoryBudget>,
+    bytes: usize,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permits_take_up_to_the_limit_and_give_back_on_drop() {
+        let budget = MemoryBudget::new(100);
+        let a = budget.try_acquire(60).expect("60 of 100");
+        assert!(budget.try_acquire(41).is_none(), "over the limit is refused");
+        let b = budget.try_acquire(40).expect("exactly to the limit");
+        assert_eq!(budget.in_use(), 100);
+        drop(a);
+        assert_eq!(budget.in_use(), 40);
+        drop(b);
+        assert_eq!(budget.in_use(), 0);
+        assert!(budget.try_acquire(usize::MAX).is_none(), "no overflow");
+    }
+
+    #[test]
+    fn concurrent_takers_never_pass_the_limit() {
+        let budget = MemoryBudget::new(1000);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let budget = budget.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        if let Some(p) = budget.try_acquire(300) {
+                            assert!(budget.in_use() <= 1000);
+                            drop(p);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        assert_eq!(budget.in_use(), 0);
+    }
+}
