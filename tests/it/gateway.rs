@@ -96,10 +96,10 @@ async fn a_send_is_acked_and_pushed_to_the_other_member_not_back_to_its_connecti
 }
 
 #[actix_web::test]
-async fn seed_000_holds_at_the_protocol_level() {
+async fn the_persistence_checks_hold_at_the_protocol_level() {
     let check_1 = Check::start(
         SUITE,
-        "05-seed-000-replay-mismatch-not-member",
+        "05-replay-mismatch-not-member-over-the-wire",
         "ws+http",
         "replay: dup:true, same seq and message_id (HTTP 200); other body: IDEMPOTENCY_MISMATCH; non-member and \
          unknown conversation: the same NOT_MEMBER error for send and sync",

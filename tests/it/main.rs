@@ -20,7 +20,7 @@ mod inbox;
 mod input_forms;
 mod limits;
 mod overload;
-mod seed_000;
+mod persistence;
 mod server;
 mod startup;
 mod store_rules;
