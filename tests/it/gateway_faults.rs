@@ -19,32 +19,12 @@ use crate::commit_stall;
 use crate::evidence::Check;
 use crate::harness::TestDb;
 use crate::server::{free_port, http_raw, TestServer, Ws, ADMIN};
+use crate::sync_points::{pushed_seqs, sample};
 
 const SUITE: &str = "im-05";
 
 fn send_fields(conv: &str, key: &str, text: &str) -> Value {
     json!({"conv_id": conv, "client_msg_id": key, "body": {"type": "text", "text": text}})
-}
-
-/// A metric sample from `/metrics` text, 0 when absent.
-fn sample(metrics: &Value, series: &str) -> f64 {
-    metrics
-        .as_str()
-        .unwrap_or("")
-        .lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Event seqs carried by an `event`/`events` push.
-fn pushed_seqs(push: &Value) -> Vec<i64> {
-    match push["push"].as_str() {
-        Some("event") => push["event"]["seq"].as_i64().into_iter().collect(),
-        Some("events") => push["events"].as_array().into_iter().flatten().filter_map(|e| e["seq"].as_i64()).collect(),
-        _ => vec![],
-    }
 }
 
 #[actix_web::test]
@@ -96,7 +76,7 @@ async fn a_slow_consumer_is_closed_while_the_conversation_and_other_devices_carr
         let mut seen = vec![];
         while seen.last() != Some(&last_seq) {
             match healthy.push_within(Duration::from_secs(20)).await {
-                Some(p) => seen.extend(pushed_seqs(&p)),
+                Some(p) => seen.extend(pushed_seqs(&p, &conv)),
                 None => break,
             }
         }
@@ -115,7 +95,7 @@ async fn a_slow_consumer_is_closed_while_the_conversation_and_other_devices_carr
     loop {
         match tokio::time::timeout(Duration::from_secs(20), slow.next()).await {
             Ok(Some(Ok(Message::Text(t)))) => {
-                slow_seqs.extend(pushed_seqs(&serde_json::from_str(&t).unwrap_or(Value::Null)));
+                slow_seqs.extend(pushed_seqs(&serde_json::from_str(&t).unwrap_or(Value::Null), &conv));
             }
             Ok(Some(Ok(Message::Close(f)))) => {
                 slow_close = f.map(|f| u16::from(f.code));

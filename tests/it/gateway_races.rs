@@ -10,24 +10,13 @@ use serde_json::{json, Value};
 use crate::env::{Path, PathName};
 use crate::evidence::Check;
 use crate::server::{TestServer, Ws};
+use crate::sync_points::pushed_seqs;
 
 const SUITE: &str = "im-05";
 const WAIT: Duration = Duration::from_secs(10);
 
 fn send_fields(conv: &str, key: &str) -> Value {
     json!({"conv_id": conv, "client_msg_id": key, "body": {"type": "text", "text": key}})
-}
-
-/// Event seqs of `conv` carried by an `event`/`events` push.
-fn pushed_seqs(push: &Value, conv: &str) -> Vec<i64> {
-    if push["conv_id"] != conv {
-        return vec![];
-    }
-    match push["push"].as_str() {
-        Some("event") => push["event"]["seq"].as_i64().into_iter().collect(),
-        Some("events") => push["events"].as_array().into_iter().flatten().filter_map(|e| e["seq"].as_i64()).collect(),
-        _ => vec![],
-    }
 }
 
 /// What one connection saw: pushed seqs in arrival order, and what its own

@@ -50,7 +50,7 @@ async fn recall(env: &Env, conv: &ConvId, seq: i64) {
 
 /// Appends `n` messages from `sender` in one statement, keeping `next_seq`
 /// (P5) and `last_event_at` consistent.
-async fn bulk_msgs(env: &Env, conv: &ConvId, sender: &str, n: i64) {
+pub async fn bulk_msgs(env: &Env, conv: &str, sender: &str, n: i64) {
     env.db
         .client()
         .await
@@ -63,7 +63,7 @@ async fn bulk_msgs(env: &Env, conv: &ConvId, sender: &str, n: i64) {
                     sha256(('bulk-' || (c.first + s - 1))::bytea), '{\"type\":\"text\",\"text\":\"bulk\"}',
                     date_trunc('milliseconds', now())
                FROM c, generate_series(1, $3) s",
-            &[&conv.as_str(), &sender, &n],
+            &[&conv, &sender, &n],
         )
         .await
         .expect("bulk messages");
@@ -278,7 +278,7 @@ async fn unread_is_exact_below_1000_and_reports_1000_for_a_larger_backlog() {
     let mut convs = vec![];
     for (id, n) in [("g-999", 999), ("g-1000", 1000), ("g-50000", 50_000)] {
         let conv = group(&env, id, "u-ana", &["u-ben"]).await;
-        bulk_msgs(&env, &conv, "u-ana", n).await;
+        bulk_msgs(&env, conv.as_str(), "u-ana", n).await;
         convs.push((conv, n));
     }
     let mut p5_ok = true;

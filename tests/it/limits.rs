@@ -17,7 +17,9 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::env::{uid, Env, Path};
 use crate::evidence::record;
+use crate::inbox::bulk_msgs;
 use crate::server::{http_raw, TestServer, Ws};
+use crate::sync_points::pushed_seqs;
 
 const SUITE: &str = "im-10";
 
@@ -218,18 +220,6 @@ async fn conversations_created_per_minute_are_limited_per_user() {
     ));
 }
 
-/// Event seqs of `conv` carried by a push.
-fn pushed_seqs(push: &Value, conv: &str) -> Vec<i64> {
-    if push["conv_id"] != conv {
-        return vec![];
-    }
-    match push["push"].as_str() {
-        Some("event") => push["event"]["seq"].as_i64().into_iter().collect(),
-        Some("events") => push["events"].as_array().into_iter().flatten().filter_map(|e| e["seq"].as_i64()).collect(),
-        _ => vec![],
-    }
-}
-
 /// Sends to `conv` until one is accepted (the conversation exists and ben is
 /// in it), a few in flight; the seqs of every accepted one.
 async fn send_until_member(ws: &mut Ws, conv: &str, round: usize) -> Vec<i64> {
@@ -297,25 +287,6 @@ async fn a_new_groups_join_events_reach_every_device_before_its_first_messages()
                "out_of_order_count": out_of_order.len()}),
         out_of_order.is_empty(),
     ));
-}
-
-/// `n` msgs from `sender` appended to `conv` in one statement.
-async fn bulk_msgs(env: &Env, conv: &str, sender: &str, n: i64) {
-    env.db
-        .client()
-        .await
-        .execute(
-            "WITH c AS (UPDATE conversations SET next_seq = next_seq + $3, last_event_at = now()
-                         WHERE conv_id = $1 RETURNING next_seq - $3 AS first)
-             INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id,
-                                 request_hash, body, created_at)
-             SELECT $1, c.first + s - 1, 'msg', gen_random_uuid(), $2, 'd1', 'bulk-' || (c.first + s - 1),
-                    sha256(('bulk-' || (c.first + s - 1))::bytea), '{\"type\":\"text\",\"text\":\"bulk\"}', now()
-               FROM c, generate_series(1, $3) s",
-            &[&conv, &sender, &n],
-        )
-        .await
-        .expect("bulk messages");
 }
 
 /// `(conv_id, unread)` of every conversation in `user`'s inbox, by id.

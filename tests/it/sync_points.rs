@@ -60,3 +60,15 @@ pub async fn no_push_before_marker(quiet: &mut Ws, other: &mut Ws, conv: &str) -
     };
     first["conv_id"] == conv && carried
 }
+
+/// Event seqs of `conv` carried by an `event`/`events` push (none for other pushes).
+pub fn pushed_seqs(push: &Value, conv: &str) -> Vec<i64> {
+    if push["conv_id"] != conv {
+        return vec![];
+    }
+    match push["push"].as_str() {
+        Some("event") => push["event"]["seq"].as_i64().into_iter().collect(),
+        Some("events") => push["events"].as_array().into_iter().flatten().filter_map(|e| e["seq"].as_i64()).collect(),
+        _ => vec![],
+    }
+}
