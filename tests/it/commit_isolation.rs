@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::env::{send_op, text, Env, Path};
 use crate::evidence::Check;
 
-const SUITE: &str = "im-09";
+const SUITE: &str = "im-10";
 /// The `lock_timeout` of every pooled connection.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// What an unrelated conversation's send may take while another's row is

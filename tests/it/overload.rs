@@ -18,7 +18,7 @@ use tokio_tungstenite::WebSocketStream;
 use crate::evidence::record;
 use crate::server::{TestServer, Ws};
 
-const SUITE: &str = "im-09";
+const SUITE: &str = "im-10";
 
 type Sink = SplitSink<WebSocketStream<TcpStream>, Message>;
 
