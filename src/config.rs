@@ -264,11 +264,29 @@ pub struct WsSettings {
         default_value_t = WsSettings::default().max_inflight
     )]
     pub max_inflight: usize,
+
+    /// WebSocket: requests of one connection doing database work at once
+    /// (sends excepted); the rest of its in-flight requests wait their turn,
+    /// so one connection holds at most this many pooled connections.
+    #[arg(
+        long = "ws-max-concurrent",
+        value_name = "WS_MAX_CONCURRENT",
+        env = "IMCORE_WS_MAX_CONCURRENT",
+        default_value_t = WsSettings::default().max_concurrent
+    )]
+    pub max_concurrent: usize,
 }
 
 impl Default for WsSettings {
     fn default() -> Self {
-        Self { ping_ms: 15_000, timeout_ms: 45_000, max_frame_bytes: 64 * 1024, mailbox: 256, max_inflight: 64 }
+        Self {
+            ping_ms: 15_000,
+            timeout_ms: 45_000,
+            max_frame_bytes: 64 * 1024,
+            mailbox: 256,
+            max_inflight: 64,
+            max_concurrent: 4,
+        }
     }
 }
 

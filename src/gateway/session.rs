@@ -12,6 +12,10 @@
 //!   connection is back as soon as the query is done, and the finished answer
 //!   waits in the mailbox, so a stalled client holds at most `ws.max_inflight`
 //!   answers (each bounded: `sync` pages by `sync_max_bytes`) and no connection.
+//! * Of those, at most `ws.max_concurrent` do database work at once; the
+//!   others wait their turn on the connection's own queue, so one connection
+//!   never holds more than a few pooled connections or a long run of the
+//!   worker thread, and other clients keep finding both.
 //! * Routing (P7): the connection id is allocated at accept, the route is
 //!   registered when the actor starts (a replaced connection is kicked, a stale
 //!   registration closes this one) and removed by compare-and-remove when it
@@ -40,6 +44,7 @@ use actix_web_actors::ws::{self, CloseCode, CloseReason, ProtocolError};
 use futures_util::Stream;
 use imcore_actors::registry::{ConnId, Registered};
 use serde_json::{json, Map, Value};
+use tokio::sync::Semaphore;
 
 use super::error::ApiError;
 use super::ops::{self, Reply, Request};
@@ -73,6 +78,7 @@ pub async fn upgrade(
         conn_id,
         last_heard: Instant::now(),
         inflight: 0,
+        turns: Rc::new(Semaphore::new(state.config.ws.max_concurrent.max(1))),
         closing: None,
         fragments: None,
         oversized,
@@ -96,6 +102,8 @@ pub struct WsSession {
     last_heard: Instant,
     /// Requests dispatched and not yet answered.
     inflight: usize,
+    /// Turns to do database work: `ws.max_concurrent` of them.
+    turns: Rc<Semaphore>,
     /// A kick waiting for the in-flight requests to be answered (shutdown).
     closing: Option<KickReason>,
     /// A fragmented text message being reassembled.
@@ -256,11 +264,24 @@ impl WsSession {
             let e = ApiError::new(ErrorCode::Overloaded, format!("over {max} requests in flight on this connection"));
             return Self::reply(ctx, Some(&id), Err(e));
         }
-        // Dispatched now, in frame order (a send is queued before this returns).
+        // A send is queued on the writer before `ops::dispatch` returns, in
+        // frame order (P6), and bounded by its conversation's queue and the
+        // memory budget: it takes no turn, which would only delay its answer.
+        // Other requests start their work when first polled, so they wait
+        // for a turn first. A ping does no database work.
+        let turns = match req {
+            Request::Send { .. } | Request::Ping => None,
+            _ => Some(self.turns.clone()),
+        };
         let answer = ops::dispatch(&self.state, &self.owner, req, "ws");
         self.inflight += 1;
         let session = ctx.address();
         actix::spawn(async move {
+            // Never closed, so this always yields a permit, held until answered.
+            let _turn = match &turns {
+                Some(turns) => Some(turns.acquire().await),
+                None => None,
+            };
             let result = answer.await;
             // Queued even past the mailbox capacity: at most `inflight` of them.
             session.do_send(Answered { id, result });
