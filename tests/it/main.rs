@@ -12,6 +12,7 @@ mod env;
 mod evidence;
 mod fuzz_edges;
 mod gateway;
+mod gateway_connections;
 mod gateway_contract;
 mod gateway_faults;
 mod gateway_races;
