@@ -303,10 +303,10 @@ impl FanOut {
             }
             return;
         }
-        let all: Vec<usize> = (0..a.events.len()).collect();
         let changes_membership =
             a.events.iter().any(|e| matches!(e.kind, EventKind::Join { .. } | EventKind::Leave { .. }));
         if !changes_membership {
+            let all: Vec<usize> = (0..a.events.len()).collect();
             self.send_events(job, &all, before.keys().filter(|u| mine(u)));
             return;
         }

@@ -207,7 +207,6 @@ pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
     config: ActorConfig,
     /// The hub's idle index, and how it reaches this actor.
     idle: Arc<IdleIndex<S, F>>,
-    me: WeakAddr<Self>,
     /// This actor's listing in the idle index: `Some` exactly while the
     /// actor is idle, not retiring, and listed.
     idle_ticket: Option<Ticket>,
@@ -244,15 +243,13 @@ pub struct ConversationActor<S: ConversationStore, F: Fanout<S::Committed>> {
 impl<S: ConversationStore, F: Fanout<S::Committed>> Unpin for ConversationActor<S, F> {}
 
 impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
-    /// `me`: the address the actor will get, for its idle listings.
-    pub(crate) fn new(shared: Shared<S, F>, lease: Lease<Addr<Self>>, me: WeakAddr<Self>) -> Self {
+    pub(crate) fn new(shared: Shared<S, F>, lease: Lease<Addr<Self>>) -> Self {
         let Shared { store, fanout, config, idle } = shared;
         Self {
             store,
             fanout,
             config,
             idle,
-            me,
             idle_ticket: None,
             appends: Appends::Untried,
             lease,
@@ -393,7 +390,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> ConversationActor<S, F> {
         {
             self.retire(ctx);
         } else if self.idle_ticket.is_none() {
-            self.idle_ticket = Some(self.idle.list(self.me.clone()));
+            self.idle_ticket = Some(self.idle.list(ctx.address().downgrade()));
         }
     }
 

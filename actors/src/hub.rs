@@ -186,7 +186,7 @@ impl<S: ConversationStore, F: Fanout<S::Committed>> Hub<S, F> {
         // the address is handed out: a burst may arrive before `started`.
         let (tx, rx) = actix::dev::channel::channel(self.shared.config.mailbox_capacity.max(1));
         let addr = Addr::new(tx);
-        let actor = ConversationActor::new(self.shared.clone(), lease, addr.downgrade());
+        let actor = ConversationActor::new(self.shared.clone(), lease);
         self.handles[i].spawn_fn(move || {
             let ctx = Context::with_receiver(rx);
             actix::spawn(ctx.into_future(actor));

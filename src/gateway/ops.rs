@@ -308,6 +308,11 @@ pub fn dispatch(
     }
 }
 
+/// The answer to `ping`, with or without an `id`.
+pub fn pong() -> Value {
+    json!({ "pong": format_time(chrono::Utc::now()) })
+}
+
 async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Reply, ApiError> {
     let user = &caller.user_id;
     match req {
@@ -364,7 +369,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
             state.delivery.to_user(user, &frame, Some(&caller.device_id));
             Ok(Reply::ok(json!({ "read_seq": read_seq })))
         }
-        Request::Ping => Ok(Reply::ok(json!({ "pong": format_time(chrono::Utc::now()) }))),
+        Request::Ping => Ok(Reply::ok(pong())),
         Request::Send { .. } => Err(ApiError::internal()), // handled in `dispatch`
     }
 }

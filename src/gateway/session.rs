@@ -50,7 +50,6 @@ use super::error::ApiError;
 use super::ops::{self, Reply, Request};
 use super::{auth, AppState};
 use crate::delivery::{Conn, KickReason, Push};
-use crate::domain::format_time;
 use crate::metrics::metrics;
 use crate::protocol::{push_kicked, ErrorCode};
 use crate::store::TokenOwner;
@@ -238,7 +237,7 @@ impl WsSession {
             // PROTOCOL §4, §7: a keep-alive needs no id, and gets none back.
             None if frame.get("op").and_then(Value::as_str) == Some("ping") => {
                 metrics().requests.with_label_values(&["ping", "ws"]).inc();
-                return ctx.text(json!({ "pong": format_time(chrono::Utc::now()) }).to_string());
+                return ctx.text(ops::pong().to_string());
             }
             _ => return Self::reply(ctx, None, Err(ApiError::bad_request("`id` must be an integer"))),
         };

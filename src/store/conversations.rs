@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row};
 
-use super::write::{apply_ops, ConvCache, JoinOp, WriteOp};
+use super::write::{apply_ops, JoinOp, WriteOp};
 use super::{Store, StoreError};
 use crate::domain::{DeliveryMode, Event, JoinMode, Rejection, Role};
 
@@ -219,7 +219,7 @@ impl Store {
                 .filter(|u| seen.insert(*u))
                 .map(|u| WriteOp::Join(JoinOp { user: u.clone(), actor: creator.clone(), role: Role::Member })),
         );
-        let written = apply_ops(&tx, &conv_id, &mut ConvCache::default(), &joins).await?;
+        let written = apply_ops(&tx, &conv_id, joins).await?;
         if let Some(Err(rejection)) = written.outcomes.into_iter().find(Result::is_err) {
             return Err(rejection.into()); // dropping `tx` rolls the whole creation back
         }

@@ -32,7 +32,7 @@ impl DirectWriter {
     /// Commits `op` in a transaction of its own; the empty cache makes it
     /// load the member map under the row lock, which delivery needs.
     pub async fn write(&self, conv: ConvId, op: WriteOp) -> Result<Written, WriteFailure> {
-        let (mut batch, _) = self.store.write_batch(&conv, ConvCache::default(), std::slice::from_ref(&op)).await?;
+        let (mut batch, _) = self.store.write_batch(&conv, ConvCache::default(), vec![op]).await?;
         let outcome = batch.outcomes.pop().unwrap_or(Err(Rejection::NotMember));
         self.deliver_in_order(batch.appended);
         Ok(outcome?)

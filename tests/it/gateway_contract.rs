@@ -60,7 +60,7 @@ async fn arrange_periods(store: &Store, conv: &str) {
             15 => leave(),
             _ => send_op("u-ana", &format!("m{seq}"), text("x")),
         };
-        store.write_batch(&conv, ConvCache::default(), &[op]).await.unwrap_or_else(|e| panic!("write {seq}: {e:?}"));
+        store.write_batch(&conv, ConvCache::default(), vec![op]).await.unwrap_or_else(|e| panic!("write {seq}: {e:?}"));
     }
 }
 

@@ -154,9 +154,9 @@ impl Store {
         &self,
         conv: &ConvId,
         cache: ConvCache,
-        ops: &[WriteOp],
+        ops: Vec<WriteOp>,
     ) -> Result<(WrittenBatch, ConvCache), StoreError> {
-        self.write_job(BatchJob { conv: conv.clone(), cache, ops: ops.to_vec() }).await
+        self.write_job(BatchJob { conv: conv.clone(), cache, ops }).await
     }
 
     /// Commits one conversation's batch in a transaction of its own, which
@@ -167,14 +167,10 @@ impl Store {
         phase.end("pool");
         let tx = conn.transaction().await?;
         phase.end("begin");
-        let mut jobs = [job];
-        let rows = lock_conversations(&tx, &jobs, LockMode::Wait).await?;
-        phase.end("lock");
-        let mut written = apply_batches(&tx, &mut jobs, &rows, &mut phase).await?;
+        let written = apply_job(&tx, job, &mut phase).await?;
         tx.commit().await?;
         phase.end("commit");
-        let [job] = jobs;
-        Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
+        Ok(written)
     }
 }
 
@@ -182,15 +178,25 @@ impl Store {
 pub(super) async fn apply_ops(
     tx: &Transaction<'_>,
     conv: &ConvId,
-    cache: &mut ConvCache,
-    ops: &[WriteOp],
+    ops: Vec<WriteOp>,
 ) -> Result<WrittenBatch, StoreError> {
-    let mut jobs = [BatchJob { conv: conv.clone(), cache: std::mem::take(cache), ops: ops.to_vec() }];
+    let job = BatchJob { conv: conv.clone(), cache: ConvCache::default(), ops };
+    Ok(apply_job(tx, job, &mut Phase::start()).await?.0)
+}
+
+/// Locks `job`'s conversation row (waiting for it) and applies the job inside
+/// `tx`; the batch written and the cache after it.
+async fn apply_job(
+    tx: &Transaction<'_>,
+    job: BatchJob,
+    phase: &mut Phase,
+) -> Result<(WrittenBatch, ConvCache), StoreError> {
+    let mut jobs = [job];
     let rows = lock_conversations(tx, &jobs, LockMode::Wait).await?;
-    let mut written = apply_batches(tx, &mut jobs, &rows, &mut Phase::start()).await?;
+    phase.end("lock");
+    let mut written = apply_batches(tx, &mut jobs, &rows, phase).await?;
     let [job] = jobs;
-    *cache = job.cache;
-    written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
+    Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
 }
 
 /// Applies every job inside `tx`, which the caller commits, against `rows`:
