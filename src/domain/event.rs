@@ -70,7 +70,16 @@ impl LeaveReason {
     }
 }
 
+/// The `change` of the `group` event that dismisses a group (PROTOCOL §5):
+/// it closes every open membership period at its seq.
+pub const DISMISSED_CHANGE: &str = r#"{"status":"dismissed"}"#;
+
 impl EventKind {
+    /// Whether this event dismisses its group.
+    pub fn dismisses(&self) -> bool {
+        matches!(self, EventKind::Group { change, .. } if change == DISMISSED_CHANGE)
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             EventKind::Msg { .. } => "msg",

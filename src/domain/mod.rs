@@ -10,7 +10,7 @@ mod text;
 mod time;
 
 pub use body::{Body, BodyError, DEFAULT_MAX_BODY_BYTES};
-pub use event::{Event, EventKind, LeaveReason};
+pub use event::{Event, EventKind, LeaveReason, DISMISSED_CHANGE};
 pub use group::{DeliveryMode, JoinMode, Permission, Role, MAX_DURATION_MS};
 pub use rejection::Rejection;
 pub use text::{check_text, TextError, MAX_DISPLAY_NAME_CHARS, MAX_GROUP_NAME_CHARS};
