@@ -3,6 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use chrono::{DateTime, Utc};
+
 /// Longest duration setting (`recall_window_ms`, `retention_ms`): 100 years.
 /// Far past any real use, and far inside what both chrono and PostgreSQL
 /// intervals can add to a time, so no check against one can overflow.
@@ -66,12 +68,64 @@ pub enum Permission {
 
 const ALL: u32 = 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128 | 1024;
 
+/// The bits of an admin: all but `SET_ADMIN` and `DISMISS`. `extra_perms`
+/// may hold only these (PROTOCOL §5 `set_perms`).
+pub const ADMIN_BITS: u32 = ALL & !(Permission::SetAdmin as u32) & !(Permission::Dismiss as u32);
+
+/// Where a current member stands: its role and the attributes with time in
+/// them. Every permission and mute decision is taken from this at the
+/// transaction's time, under the conversation's row lock, so a temporary
+/// admin's role and a mute end by themselves at their time, with no job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standing {
+    pub role: Role,
+    /// An `admin` role given `until` a time (a temporary admin).
+    pub role_until: Option<DateTime<Utc>>,
+    /// Bits added to the role's (a subset of [`ADMIN_BITS`]).
+    pub extra_perms: u32,
+    pub mute_until: Option<DateTime<Utc>>,
+}
+
+impl Standing {
+    pub fn new(role: Role) -> Self {
+        Self { role, role_until: None, extra_perms: 0, mute_until: None }
+    }
+
+    /// The role at `now`: a temporary admin past its `until` is a member.
+    pub fn role_at(&self, now: DateTime<Utc>) -> Role {
+        match (self.role, self.role_until) {
+            (Role::Admin, Some(until)) if until <= now => Role::Member,
+            (role, _) => role,
+        }
+    }
+
+    /// Role bits | `extra_perms`, at `now`.
+    pub fn bits(&self, join_mode: JoinMode, now: DateTime<Utc>) -> u32 {
+        self.role_at(now).bits(join_mode) | self.extra_perms
+    }
+
+    pub fn can(&self, join_mode: JoinMode, now: DateTime<Utc>, p: Permission) -> bool {
+        self.bits(join_mode, now) & p as u32 != 0
+    }
+
+    /// May not send at `now`: its own `mute_until` is ahead (whatever its
+    /// role), or the group is muted and it is neither owner nor admin.
+    pub fn muted(&self, mute_all: bool, now: DateTime<Utc>) -> bool {
+        self.mute_until.is_some_and(|t| t > now) || (mute_all && self.role_at(now) == Role::Member)
+    }
+
+    /// Owner or (current) admin: those whom only the owner may kick or mute.
+    pub fn is_manager(&self, now: DateTime<Utc>) -> bool {
+        self.role_at(now) != Role::Member
+    }
+}
+
 impl Role {
     /// The role's permission bits; a member may invite in `invite` and `free` groups.
     pub fn bits(self, join_mode: JoinMode) -> u32 {
         match self {
             Role::Owner => ALL,
-            Role::Admin => ALL & !(Permission::SetAdmin as u32) & !(Permission::Dismiss as u32),
+            Role::Admin => ADMIN_BITS,
             Role::Member => match join_mode {
                 JoinMode::Invite | JoinMode::Free => Permission::SendMsg as u32 | Permission::Invite as u32,
                 JoinMode::Approval => Permission::SendMsg as u32,
@@ -145,5 +199,27 @@ mod tests {
         assert!(Role::Member.can(JoinMode::Free, Permission::Invite));
         assert!(!Role::Member.can(JoinMode::Approval, Permission::Invite));
         assert!(!Role::Member.can(JoinMode::Invite, Permission::AtAll));
+    }
+
+    #[test]
+    fn a_temporary_admin_is_a_member_from_its_until_on() {
+        let now = Utc::now();
+        let temp = Standing { role_until: Some(now), ..Standing::new(Role::Admin) };
+        assert_eq!(temp.role_at(now - chrono::Duration::milliseconds(1)), Role::Admin);
+        assert_eq!(temp.role_at(now), Role::Member);
+        assert!(!temp.can(JoinMode::Invite, now, Permission::Kick));
+        let extra = Standing { extra_perms: Permission::Kick as u32, ..Standing::new(Role::Member) };
+        assert!(extra.can(JoinMode::Invite, now, Permission::Kick));
+    }
+
+    #[test]
+    fn a_mute_blocks_even_an_admin_and_mute_all_only_members() {
+        let now = Utc::now();
+        let admin = Standing::new(Role::Admin);
+        assert!(!admin.muted(true, now));
+        assert!(Standing::new(Role::Member).muted(true, now));
+        let muted = Standing { mute_until: Some(now + chrono::Duration::seconds(1)), ..admin };
+        assert!(muted.muted(false, now));
+        assert!(!muted.muted(false, now + chrono::Duration::seconds(1)));
     }
 }

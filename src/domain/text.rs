@@ -8,6 +8,8 @@
 pub const MAX_DISPLAY_NAME_CHARS: usize = 128;
 /// `conversations.name` (schema: `length(name) <= 128`).
 pub const MAX_GROUP_NAME_CHARS: usize = 128;
+/// A member's alias in a group (PROTOCOL §5 `set_alias`: 0–32 characters).
+pub const MAX_ALIAS_CHARS: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TextError {

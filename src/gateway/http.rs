@@ -9,9 +9,11 @@ use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
+use super::group;
 use super::ops::{self, Request};
 use super::{auth, AppState};
 use crate::protocol::ErrorCode;
+use crate::store::TokenOwner;
 
 /// Largest HTTP request body read (a 16 KiB message body plus its envelope,
 /// like the WebSocket frame limit).
@@ -57,9 +59,33 @@ pub async fn fields(req: &HttpRequest, payload: web::Payload) -> Result<Map<Stri
 
 /// One device op over HTTP.
 async fn call(op: &'static str, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+    call_with(req, payload, |_, _| Ok(op)).await
+}
+
+/// `PATCH /v1/conversations/{conv_id}/members/{user_id}`: the op is named by
+/// the field given (see [`group::member_patch_op`]); an alias is only ever
+/// the caller's own.
+async fn patch_member(req: HttpRequest, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+    call_with(req, payload, |fields, caller| {
+        let op = group::member_patch_op(fields)?;
+        if op == "set_alias" && fields.get("user_id").and_then(Value::as_str) != Some(caller.user_id.as_str()) {
+            return Err(ApiError::new(ErrorCode::Forbidden, "an alias is set by its member only"));
+        }
+        Ok(op)
+    })
+    .await
+}
+
+/// Authenticates, gathers the fields and runs the op `op_of` names for them.
+async fn call_with(
+    req: HttpRequest,
+    payload: web::Payload,
+    op_of: impl FnOnce(&Map<String, Value>, &TokenOwner) -> Result<&'static str, ApiError>,
+) -> Result<HttpResponse, ApiError> {
     let state = req.app_data::<web::Data<AppState>>().cloned().ok_or_else(ApiError::internal)?;
     let caller = auth::device(&state, auth::bearer(&req)).await?;
     let fields = fields(&req, payload).await?;
+    let op = op_of(&fields, &caller)?;
     let parsed = Request::parse(op, &fields, state.config.max_body_bytes)?;
     let reply = ops::dispatch(&state, &caller, parsed, "http").await?;
     let status = if reply.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -96,9 +122,33 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         "/v1/conversations",
         vec![(Method::POST, op!("create_conversation")), (Method::GET, op!("conversations"))],
     ))
-    .service(resource("/v1/conversations/{conv_id}", vec![(Method::GET, op!("get_conversation"))]))
+    .service(resource(
+        "/v1/conversations/{conv_id}",
+        vec![
+            (Method::GET, op!("get_conversation")),
+            (Method::PATCH, op!("update_group")),
+            (Method::DELETE, op!("dismiss")),
+        ],
+    ))
     .service(resource("/v1/conversations/{conv_id}/messages", vec![(Method::POST, op!("send"))]))
     .service(resource("/v1/conversations/{conv_id}/events", vec![(Method::GET, op!("sync"))]))
     .service(resource("/v1/conversations/{conv_id}/read", vec![(Method::POST, op!("read"))]))
+    .service(resource(
+        "/v1/conversations/{conv_id}/members",
+        vec![(Method::POST, op!("invite")), (Method::GET, op!("members"))],
+    ))
+    .service(resource(
+        "/v1/conversations/{conv_id}/members/{user_id}",
+        vec![(Method::DELETE, op!("kick")), (Method::PATCH, web::to(patch_member))],
+    ))
+    .service(resource("/v1/conversations/{conv_id}/join", vec![(Method::POST, op!("join"))]))
+    .service(resource("/v1/conversations/{conv_id}/leave", vec![(Method::POST, op!("leave"))]))
+    .service(resource("/v1/conversations/{conv_id}/owner", vec![(Method::POST, op!("transfer_owner"))]))
+    .service(resource("/v1/conversations/{conv_id}/applications", vec![(Method::GET, op!("applications"))]))
+    .service(resource(
+        "/v1/conversations/{conv_id}/applications/{user_id}/approve",
+        vec![(Method::POST, op!("approve"))],
+    ))
+    .service(resource("/v1/conversations/{conv_id}/applications/{user_id}/reject", vec![(Method::POST, op!("reject"))]))
     .service(resource("/v1/ping", vec![(Method::GET, op!("ping"))]));
 }

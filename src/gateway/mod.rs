@@ -20,6 +20,7 @@ mod admin;
 mod auth;
 mod create_rate;
 mod error;
+mod group;
 mod health;
 mod http;
 pub mod ops;

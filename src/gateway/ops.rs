@@ -18,17 +18,17 @@ use serde_json::{json, Map, Value};
 use tracing::Instrument;
 
 use super::error::ApiError;
+use super::group::{self, applications_json, members_json, written_json, MAX_GROUP_SIZE};
 use super::AppState;
-use crate::domain::{check_text, format_time, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS};
+use crate::domain::{
+    check_text, format_time, parse_time, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS,
+};
 use crate::metrics::{metrics, observe_send, Running};
 use crate::protocol::{conversation_json, event_json, push_read, send_ack_json, ErrorCode};
 use crate::store::{
-    Appended, CreateConversation, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
-    INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
+    Appended, CreateConversation, GroupChange, GroupOp, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp,
+    Written, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
-
-/// Largest `max_member` (the schema's bound).
-pub const MAX_GROUP_SIZE: i64 = 1_000_000;
 /// Most members named in one `create_conversation`.
 pub const MAX_CREATE_MEMBERS: usize = 1000;
 /// Longest inbox cursor accepted: ours are the hex of `<µs>:<conv_id>`, at
@@ -39,11 +39,39 @@ const MAX_CURSOR_CHARS: usize = 256;
 #[derive(Debug, Clone)]
 pub enum Request {
     CreateConversation(NewConversation),
-    GetConversation { conv: ConvId },
-    Conversations { limit: i64, cursor: Option<String> },
-    Send { conv: ConvId, client_msg_id: ClientMsgId, body: Body },
+    GetConversation {
+        conv: ConvId,
+    },
+    Conversations {
+        limit: i64,
+        cursor: Option<String>,
+    },
+    Send {
+        conv: ConvId,
+        client_msg_id: ClientMsgId,
+        body: Body,
+    },
     Sync(SyncParams),
-    Read { conv: ConvId, seq: i64 },
+    Read {
+        conv: ConvId,
+        seq: i64,
+    },
+    /// A group op that changes the conversation (PROTOCOL §5 table).
+    Group {
+        conv: ConvId,
+        change: GroupChange,
+    },
+    Members {
+        conv: ConvId,
+        after: i64,
+        limit: i64,
+        q: Option<String>,
+    },
+    Applications {
+        conv: ConvId,
+        after: Option<UserId>,
+        limit: i64,
+    },
     Ping,
 }
 
@@ -72,6 +100,9 @@ impl Request {
             Request::Send { .. } => "send",
             Request::Sync(_) => "sync",
             Request::Read { .. } => "read",
+            Request::Group { change, .. } => change.op(),
+            Request::Members { .. } => "members",
+            Request::Applications { .. } => "applications",
             Request::Ping => "ping",
         }
     }
@@ -79,7 +110,12 @@ impl Request {
     /// The conversation the request is about, if one.
     pub fn conv(&self) -> Option<&ConvId> {
         match self {
-            Request::GetConversation { conv } | Request::Send { conv, .. } | Request::Read { conv, .. } => Some(conv),
+            Request::GetConversation { conv }
+            | Request::Send { conv, .. }
+            | Request::Read { conv, .. }
+            | Request::Group { conv, .. }
+            | Request::Members { conv, .. }
+            | Request::Applications { conv, .. } => Some(conv),
             Request::Sync(p) => Some(&p.conv),
             Request::CreateConversation(_) | Request::Conversations { .. } | Request::Ping => None,
         }
@@ -127,7 +163,18 @@ impl Request {
                 seq: f.int_in("seq", 0, i64::MAX)?.ok_or_else(|| ApiError::bad_request("missing field `seq`"))?,
             },
             "ping" => Request::Ping,
-            other => return Err(ApiError::bad_request(format!("unknown op `{}`", truncate(other, 64)))),
+            "members" => {
+                let (after, limit, q) = group::parse_members(&f)?;
+                Request::Members { conv: f.conv_id()?, after, limit, q }
+            }
+            "applications" => {
+                let (after, limit) = group::parse_applications(&f)?;
+                Request::Applications { conv: f.conv_id()?, after, limit }
+            }
+            other => match group::parse_change(other, &f)? {
+                Some(change) => Request::Group { conv: f.conv_id()?, change },
+                None => return Err(ApiError::bad_request(format!("unknown op `{}`", truncate(other, 64)))),
+            },
         })
     }
 }
@@ -180,12 +227,41 @@ fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
     }
 }
 
-/// Field access with PROTOCOL §1 checks. Integers may come as JSON numbers
-/// (WebSocket, HTTP bodies) or decimal strings (HTTP query parameters).
-struct Fields<'a>(&'a Map<String, Value>);
+/// Field access with PROTOCOL §1 checks. Integers and booleans may come as
+/// JSON values (WebSocket, HTTP bodies) or strings (HTTP query parameters).
+pub struct Fields<'a>(pub &'a Map<String, Value>);
 
 impl<'a> Fields<'a> {
-    fn opt_str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
+    pub fn get(&self, name: &str) -> Option<&'a Value> {
+        self.0.get(name)
+    }
+
+    /// Present, even as `null`.
+    pub fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    pub fn user_id(&self, name: &str) -> Result<UserId, ApiError> {
+        Ok(UserId::parse(self.str(name)?)?)
+    }
+
+    /// A PROTOCOL §1 time, or nothing for an absent or null field.
+    pub fn opt_time(&self, name: &str) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+        self.opt_str(name)?
+            .map(|s| parse_time(s).ok_or_else(|| ApiError::bad_request(format!("`{name}` must be an RFC 3339 time"))))
+            .transpose()
+    }
+
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(Value::String(s)) if s == "true" || s == "false" => Ok(Some(s == "true")),
+            Some(_) => Err(ApiError::bad_request(format!("`{name}` must be true or false"))),
+        }
+    }
+
+    pub fn opt_str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
         match self.0.get(name) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -193,15 +269,15 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn str(&self, name: &str) -> Result<&'a str, ApiError> {
+    pub fn str(&self, name: &str) -> Result<&'a str, ApiError> {
         self.opt_str(name)?.ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
     }
 
-    fn conv_id(&self) -> Result<ConvId, ApiError> {
+    pub fn conv_id(&self) -> Result<ConvId, ApiError> {
         Ok(ConvId::parse(self.str("conv_id")?)?)
     }
 
-    fn int_in(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+    pub fn int_in(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
         let n = match self.0.get(name) {
             None | Some(Value::Null) => return Ok(None),
             Some(Value::Number(n)) => n.as_i64(),
@@ -299,6 +375,16 @@ pub fn dispatch(
             .instrument(span.clone())
             .boxed_local()
         }
+        // Queued like a send, so one connection's ops keep their order.
+        Request::Group { conv, change } => {
+            let written = state.writer.write(conv, WriteOp::Group(GroupOp { actor: caller.user_id.clone(), change }));
+            async move {
+                let _running = running;
+                Ok(Reply::ok(written_json(&written.await?)))
+            }
+            .instrument(span.clone())
+            .boxed_local()
+        }
         other => async move {
             let _running = running;
             run(&state, &caller, other).await
@@ -369,8 +455,15 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
             state.delivery.to_user(user, &frame, Some(&caller.device_id));
             Ok(Reply::ok(json!({ "read_seq": read_seq })))
         }
+        Request::Members { conv, after, limit, q } => {
+            Ok(Reply::ok(members_json(&state.store.members(&conv, user, after, limit, q.as_deref()).await?)))
+        }
+        Request::Applications { conv, after, limit } => {
+            Ok(Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?)))
+        }
         Request::Ping => Ok(Reply::ok(pong())),
-        Request::Send { .. } => Err(ApiError::internal()), // handled in `dispatch`
+        // Queued on the writer in `dispatch`.
+        Request::Send { .. } | Request::Group { .. } => Err(ApiError::internal()),
     }
 }
 

@@ -7,7 +7,10 @@ use tokio_postgres::GenericClient;
 use super::{Store, StoreError};
 
 /// `(version, name, sql)`, ascending.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "core", include_str!("../../schema/0001_core.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "core", include_str!("../../schema/0001_core.sql")),
+    (2, "groups", include_str!("../../schema/0002_groups.sql")),
+];
 
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 

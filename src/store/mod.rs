@@ -10,6 +10,7 @@ mod commit_stage;
 mod conversations;
 mod error;
 mod inbox;
+mod members;
 mod migrate;
 mod port;
 mod read;
@@ -26,11 +27,12 @@ use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use error::{ErrorClass, Report, StoreError};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP, UNREAD_SCAN_ROWS};
+pub use members::{Application, ApplicationPage, MemberInfo, MemberPage, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_DEFAULT_MAX_BYTES, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
-    Appended, BatchJob, ConvCache, JoinOp, LeaveOp, MemberMap, MemberState, SendAck, SendOp, WriteOp, WriteOutcome,
-    Written, WrittenBatch,
+    Appended, BatchJob, ConvCache, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, MemberMap, ProfilePatch, SendAck,
+    SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
 };
 
 pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;

@@ -1,34 +1,87 @@
 //! The batch being built: the ops of a conversation checked in order against
-//! its locked row, each appending its event at the next seq.
+//! its locked row, each appending its event at the next seq. Pure: what it
+//! reads was looked up before, what it changes is written after.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ConvId, UserId};
 
 use super::lookup::{ConvRow, RequestKey, SendAckWithHash};
-use crate::domain::{Event, EventKind, JoinMode, Role};
+use super::ops::ProfilePatch;
+use crate::domain::{DeliveryMode, Event, EventKind, JoinMode, Role, Standing};
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.
 pub(super) struct BatchBuilder {
     pub(super) next_seq: i64,
     pub(super) member_count: i32,
+    /// Changes to who is a member or where one stands: the cache's version moves.
     pub(super) membership_changes: i64,
     /// Request keys appended earlier in this batch: a second op with the same key is its replay.
     pub(super) appended_keys: HashMap<RequestKey, SendAckWithHash>,
     pub(super) events: Vec<Event>,
     pub(super) member_changes: Vec<MemberChange>,
+    /// Changes to the conversation row itself (settings, owner, status).
+    pub(super) profile: ConvPatch,
+    /// Applications filed (`true`) or removed (`false`) by this batch, over
+    /// those found before it.
+    pub(super) applications: HashMap<UserId, bool>,
     pub(super) now: DateTime<Utc>,
     pub(super) conv: ConvId,
+    pub(super) group: bool,
     pub(super) dismissed: bool,
     pub(super) mute_all: bool,
     pub(super) join_mode: JoinMode,
     pub(super) max_member: i32,
+    pub(super) delivery_mode: DeliveryMode,
 }
 
+/// A change to the membership rows, written in order after the checks.
 pub(super) enum MemberChange {
-    Open { user: UserId, seq: i64, role: Role },
-    Close { user: UserId, seq: i64 },
+    Open {
+        user: UserId,
+        seq: i64,
+        role: Role,
+    },
+    Close {
+        user: UserId,
+        seq: i64,
+    },
+    /// Role, its `until`, extra bits and mute of a current member.
+    Standing {
+        user: UserId,
+        standing: Standing,
+    },
+    Alias {
+        user: UserId,
+        alias: Option<String>,
+    },
+    /// Dismissal: every open period ends at `seq`; the roster stays as it was.
+    CloseAll {
+        seq: i64,
+    },
+    Apply {
+        user: UserId,
+        by: UserId,
+    },
+    Unapply {
+        user: UserId,
+    },
+}
+
+/// What a batch changes on the conversation row besides `next_seq`,
+/// `member_count` and `member_version`.
+#[derive(Debug, Default)]
+pub(super) struct ConvPatch {
+    pub(super) settings: ProfilePatch,
+    pub(super) owner: Option<UserId>,
+    pub(super) dismissed: bool,
+}
+
+impl ConvPatch {
+    pub(super) fn is_empty(&self) -> bool {
+        self.settings.is_empty() && self.owner.is_none() && !self.dismissed
+    }
 }
 
 impl BatchBuilder {
@@ -40,12 +93,16 @@ impl BatchBuilder {
             appended_keys: HashMap::new(),
             events: Vec::new(),
             member_changes: Vec::new(),
+            profile: ConvPatch::default(),
+            applications: HashMap::new(),
             now: row.now,
             conv: conv.clone(),
+            group: row.group,
             dismissed: row.dismissed,
             mute_all: row.mute_all,
             join_mode: row.join_mode,
             max_member: row.max_member,
+            delivery_mode: row.delivery_mode,
         }
     }
 
@@ -58,5 +115,21 @@ impl BatchBuilder {
 
     pub(super) fn version_bump(&self) -> i64 {
         i64::from(self.membership_changes > 0)
+    }
+
+    /// Whether `user` has an application pending, `found` being those the
+    /// transaction found before the batch.
+    pub(super) fn has_application(&self, user: &UserId, found: &HashSet<UserId>) -> bool {
+        self.applications.get(user).copied().unwrap_or_else(|| found.contains(user))
+    }
+
+    pub(super) fn file_application(&mut self, user: &UserId, by: &UserId) {
+        self.applications.insert(user.clone(), true);
+        self.member_changes.push(MemberChange::Apply { user: user.clone(), by: by.clone() });
+    }
+
+    pub(super) fn drop_application(&mut self, user: &UserId) {
+        self.applications.insert(user.clone(), false);
+        self.member_changes.push(MemberChange::Unapply { user: user.clone() });
     }
 }

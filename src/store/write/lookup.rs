@@ -8,12 +8,15 @@ use imcore_actors::{ClientMsgId, ConvId, UserId};
 use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 
-use super::{BatchJob, MemberMap, MemberState, SendAck, WriteOp};
-use crate::domain::{DeliveryMode, JoinMode, Role};
+use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
+use super::{BatchJob, MemberMap};
+use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
 use crate::store::StoreError;
 
 /// The locked conversation row.
 pub(super) struct ConvRow {
+    /// A group, not a direct conversation.
+    pub(super) group: bool,
     pub(super) dismissed: bool,
     pub(super) next_seq: i64,
     pub(super) member_version: i64,
@@ -47,7 +50,7 @@ macro_rules! lock_conversations_sql {
     ($wait:literal) => {
         concat!(
             "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
-            "join_mode, delivery_mode, min_seq, date_trunc('milliseconds', now()) ",
+            "join_mode, delivery_mode, min_seq, date_trunc('milliseconds', now()), kind = 'group' ",
             "FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
         )
@@ -76,7 +79,12 @@ SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.re
                       WHERE k.purged AND conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c) t ON true
  WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
 
-const LOAD_MEMBERS: &str = "SELECT conv_id, user_id, role, mute_until FROM members WHERE conv_id = ANY($1::text[])";
+const LOAD_MEMBERS: &str = "SELECT conv_id, user_id, role, mute_until, role_until, extra_perms FROM members
+                             WHERE conv_id = ANY($1::text[])";
+
+const LOOKUP_APPLICATIONS: &str = "
+SELECT a.conv_id, a.user_id FROM group_applications a
+  JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON a.conv_id = k.conv AND a.user_id = k.u";
 
 const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::text[])";
 
@@ -106,6 +114,7 @@ pub(super) async fn lock_conversations(
                 delivery_mode: r.get::<_, &str>(8).parse().unwrap_or(DeliveryMode::Push),
                 purged: r.get::<_, i64>(9) > 1,
                 now: r.get(10),
+                group: r.get(11),
             };
             Some((conv, row))
         })
@@ -219,24 +228,68 @@ pub(super) fn member_rows(rows: &[tokio_postgres::Row]) -> HashMap<ConvId, Membe
     for r in rows {
         let (Ok(conv), Ok(user)) = (ConvId::parse(r.get(0)), UserId::parse(r.get(1))) else { continue };
         let role = r.get::<_, &str>(2).parse().unwrap_or(Role::Member);
-        maps.entry(conv).or_default().insert(user, MemberState { role, mute_until: r.get(3) });
+        let standing = Standing {
+            role,
+            mute_until: r.get(3),
+            role_until: r.get(4),
+            extra_perms: r.get::<_, i32>(5).max(0) as u32,
+        };
+        maps.entry(conv).or_default().insert(user, standing);
     }
     maps
 }
 
-/// Which of the users that `ops` want to add exist (a join of an unknown user is `NOT_FOUND`).
+/// Which of the users that `ops` want to add exist (a join or invite of an
+/// unknown user is `NOT_FOUND`).
 pub(super) async fn lookup_joiners(tx: &Transaction<'_>, jobs: &[BatchJob]) -> Result<HashSet<UserId>, StoreError> {
     let joiners: Vec<&str> = jobs
         .iter()
         .flat_map(|j| &j.ops)
-        .filter_map(|op| match op {
-            WriteOp::Join(j) => Some(j.user.as_str()),
-            _ => None,
+        .flat_map(|op| match op {
+            WriteOp::Join(j) => std::slice::from_ref(&j.user),
+            WriteOp::Group(GroupOp { change: GroupChange::Invite(users), .. }) => users.as_slice(),
+            _ => &[],
         })
+        .map(UserId::as_str)
         .collect();
     if joiners.is_empty() {
         return Ok(HashSet::new());
     }
     let rows = tx.query_typed(LOOKUP_USERS, &[(&joiners, Type::TEXT_ARRAY)]).await?;
     Ok(rows.iter().filter_map(|r| UserId::parse(r.get(0)).ok()).collect())
+}
+
+/// The pending applications, per conversation, of the users whose
+/// application an op of `jobs` may file, decide or supersede.
+pub(super) async fn lookup_applications(
+    tx: &Transaction<'_>,
+    jobs: &[BatchJob],
+) -> Result<HashMap<ConvId, HashSet<UserId>>, StoreError> {
+    let (mut convs, mut users) = (vec![], vec![]);
+    for job in jobs {
+        for op in &job.ops {
+            let WriteOp::Group(GroupOp { actor, change }) = op else { continue };
+            let named = match change {
+                GroupChange::Join => std::slice::from_ref(actor),
+                GroupChange::Approve(u) | GroupChange::Reject(u) => std::slice::from_ref(u),
+                GroupChange::Invite(us) => us.as_slice(),
+                _ => &[],
+            };
+            for u in named {
+                convs.push(job.conv.as_str());
+                users.push(u.as_str());
+            }
+        }
+    }
+    if users.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = tx.query_typed(LOOKUP_APPLICATIONS, &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY)]).await?;
+    let mut found: HashMap<ConvId, HashSet<UserId>> = HashMap::new();
+    for r in rows {
+        if let (Ok(conv), Ok(user)) = (ConvId::parse(r.get(0)), UserId::parse(r.get(1))) {
+            found.entry(conv).or_default().insert(user);
+        }
+    }
+    Ok(found)
 }

@@ -1,29 +1,16 @@
-//! The rules of joins and leaves, and their membership rows.
+//! The rules of who joins and leaves: the unchecked joins and leaves of a
+//! conversation's creation, and the group ops `invite`, `join`, `approve`,
+//! `reject`, `leave` and `kick` (PROTOCOL §5). Each join or leave is an event
+//! (P4): the user's membership period opens or closes at its seq (P3).
 
 use std::collections::HashSet;
 
-use imcore_actors::{ConvId, UserId};
-use tokio_postgres::types::Type;
-use tokio_postgres::Transaction;
+use imcore_actors::UserId;
 
 use super::batch::{BatchBuilder, MemberChange};
-use super::{JoinOp, LeaveOp, MemberMap, MemberState, WriteOutcome, Written};
-use crate::domain::{EventKind, Rejection};
-use crate::store::StoreError;
-
-const OPEN_PERIODS: &str = "
-WITH opened AS (
-  INSERT INTO membership_periods (conv_id, user_id, from_seq)
-  SELECT $1, u, s FROM unnest($2::text[], $3::int8[]) AS j(u, s))
-INSERT INTO members (conv_id, user_id, role, joined_seq)
-SELECT $1, u, r, s FROM unnest($2::text[], $3::int8[], $4::text[]) AS j(u, s, r)";
-
-const CLOSE_PERIODS: &str = "
-WITH closed AS (
-  UPDATE membership_periods p SET to_seq = l.s
-    FROM unnest($2::text[], $3::int8[]) AS l(u, s)
-   WHERE p.conv_id = $1 AND p.user_id = l.u AND p.to_seq IS NULL)
-DELETE FROM members WHERE conv_id = $1 AND user_id = ANY($2)";
+use super::ops::{Invited, JoinOp, LeaveOp, WriteOutcome, Written};
+use super::MemberMap;
+use crate::domain::{EventKind, JoinMode, LeaveReason, Permission, Rejection, Role, Standing};
 
 impl BatchBuilder {
     pub(super) fn join(&mut self, op: &JoinOp, known_users: &HashSet<UserId>, members: &mut MemberMap) -> WriteOutcome {
@@ -39,11 +26,7 @@ impl BatchBuilder {
         if self.member_count >= self.max_member {
             return Err(Rejection::GroupFull);
         }
-        let seq = self.append(EventKind::Join { subject: op.user.clone(), actor: op.actor.clone() });
-        members.insert(op.user.clone(), MemberState { role: op.role, mute_until: None });
-        self.member_count += 1;
-        self.membership_changes += 1;
-        self.member_changes.push(MemberChange::Open { user: op.user.clone(), seq, role: op.role });
+        let seq = self.open(&op.user, &op.actor, op.role, members);
         Ok(Written::Joined { seq })
     }
 
@@ -51,57 +34,160 @@ impl BatchBuilder {
         if !members.contains_key(&op.user) {
             return Err(Rejection::NotMember);
         }
-        let seq =
-            self.append(EventKind::Leave { subject: op.user.clone(), actor: op.actor.clone(), reason: op.reason });
-        members.remove(&op.user);
-        self.member_count -= 1;
-        self.membership_changes += 1;
-        self.member_changes.push(MemberChange::Close { user: op.user.clone(), seq });
+        let seq = self.close(&op.user, &op.actor, op.reason, members);
         Ok(Written::Left { seq })
     }
-}
 
-pub(super) async fn write_member_changes(
-    tx: &Transaction<'_>,
-    conv: &ConvId,
-    changes: &[MemberChange],
-) -> Result<(), StoreError> {
-    let mut rest = changes;
-    while let Some(first) = rest.first() {
-        let opening = matches!(first, MemberChange::Open { .. });
-        let run = rest.iter().take_while(|c| matches!(c, MemberChange::Open { .. }) == opening).count();
-        let (users, seqs, roles): (Vec<&str>, Vec<i64>, Vec<&str>) = rest[..run]
-            .iter()
-            .map(|c| match c {
-                MemberChange::Open { user, seq, role } => (user.as_str(), *seq, role.as_str()),
-                MemberChange::Close { user, seq } => (user.as_str(), *seq, ""),
-            })
-            .fold((vec![], vec![], vec![]), |(mut u, mut s, mut r), (a, b, c)| {
-                u.push(a);
-                s.push(b);
-                r.push(c);
-                (u, s, r)
-            });
-        let conv = conv.as_str();
-        if opening {
-            tx.execute_typed(
-                OPEN_PERIODS,
-                &[
-                    (&conv, Type::TEXT),
-                    (&users, Type::TEXT_ARRAY),
-                    (&seqs, Type::INT8_ARRAY),
-                    (&roles, Type::TEXT_ARRAY),
-                ],
-            )
-            .await?;
-        } else {
-            tx.execute_typed(
-                CLOSE_PERIODS,
-                &[(&conv, Type::TEXT), (&users, Type::TEXT_ARRAY), (&seqs, Type::INT8_ARRAY)],
-            )
-            .await?;
+    /// `invite`: every user known (else `NOT_FOUND`, nothing changes); current
+    /// members skipped; the rest join when the caller holds `INVITE`, and
+    /// become pending applications when it is a plain member of an approval
+    /// group. Past `max_member` the whole invite is refused.
+    pub(super) fn invite(
+        &mut self,
+        caller: (&UserId, &Standing),
+        users: &[UserId],
+        known_users: &HashSet<UserId>,
+        applications: &HashSet<UserId>,
+        members: &mut MemberMap,
+    ) -> WriteOutcome {
+        let (actor, standing) = caller;
+        let may_add = standing.can(self.join_mode, self.now, Permission::Invite);
+        if !may_add && self.join_mode != JoinMode::Approval {
+            return Err(Rejection::Forbidden("your role may not invite"));
         }
-        rest = &rest[run..];
+        if users.iter().any(|u| !known_users.contains(u)) {
+            return Err(Rejection::NotFound("user"));
+        }
+        let (skipped, new): (Vec<UserId>, Vec<UserId>) = users.iter().cloned().partition(|u| members.contains_key(u));
+        if may_add && i64::from(self.member_count) + new.len() as i64 > i64::from(self.max_member) {
+            return Err(Rejection::GroupFull);
+        }
+        let (mut joined, mut pending) = (vec![], vec![]);
+        for user in new {
+            if may_add {
+                if self.has_application(&user, applications) {
+                    self.drop_application(&user);
+                }
+                self.open(&user, actor, Role::Member, members);
+                joined.push(user);
+            } else {
+                if !self.has_application(&user, applications) {
+                    self.file_application(&user, actor);
+                }
+                pending.push(user);
+            }
+        }
+        Ok(Written::Invited(Invited { joined, pending, skipped, head: self.next_seq - 1 }))
     }
-    Ok(())
+
+    /// `join` of the caller: anyone, in a `free` group; an application in an
+    /// `approval` group. An `invite` group, or a direct conversation, answers
+    /// as an unknown one (`NOT_MEMBER`): no existence leak.
+    pub(super) fn self_join(
+        &mut self,
+        user: &UserId,
+        applications: &HashSet<UserId>,
+        members: &mut MemberMap,
+    ) -> WriteOutcome {
+        if !self.group || self.join_mode == JoinMode::Invite {
+            return Err(Rejection::NotMember);
+        }
+        if members.contains_key(user) {
+            return Err(Rejection::AlreadyMember);
+        }
+        if self.dismissed {
+            return Err(Rejection::ConvDismissed);
+        }
+        if self.join_mode == JoinMode::Approval {
+            if !self.has_application(user, applications) {
+                self.file_application(user, user);
+            }
+            return Ok(Written::Applied);
+        }
+        if self.member_count >= self.max_member {
+            return Err(Rejection::GroupFull);
+        }
+        Ok(Written::Joined { seq: self.open(user, user, Role::Member, members) })
+    }
+
+    /// `approve` (`accept`) or `reject` an application, by the owner or an admin.
+    pub(super) fn decide_application(
+        &mut self,
+        caller: (&UserId, &Standing),
+        user: &UserId,
+        accept: bool,
+        applications: &HashSet<UserId>,
+        members: &mut MemberMap,
+    ) -> WriteOutcome {
+        if !caller.1.is_manager(self.now) {
+            return Err(Rejection::Forbidden("only the owner and admins decide applications"));
+        }
+        if !self.has_application(user, applications) {
+            return Err(Rejection::NotFound("application"));
+        }
+        if !accept {
+            self.drop_application(user);
+            return Ok(Written::Applied);
+        }
+        if members.contains_key(user) {
+            return Err(Rejection::AlreadyMember);
+        }
+        if self.member_count >= self.max_member {
+            return Err(Rejection::GroupFull);
+        }
+        self.drop_application(user);
+        Ok(Written::Joined { seq: self.open(user, caller.0, Role::Member, members) })
+    }
+
+    /// `leave` of the caller: any member but the owner.
+    pub(super) fn self_leave(&mut self, caller: (&UserId, &Standing), members: &mut MemberMap) -> WriteOutcome {
+        if caller.1.role == Role::Owner {
+            return Err(Rejection::Forbidden("the owner cannot leave: transfer ownership or dismiss the group first"));
+        }
+        Ok(Written::Left { seq: self.close(caller.0, caller.0, LeaveReason::Left, members) })
+    }
+
+    /// `kick`: `KICK`; never oneself or the owner; an admin only by the owner.
+    pub(super) fn kick(
+        &mut self,
+        caller: (&UserId, &Standing),
+        user: &UserId,
+        members: &mut MemberMap,
+    ) -> WriteOutcome {
+        let (actor, standing) = caller;
+        if !standing.can(self.join_mode, self.now, Permission::Kick) {
+            return Err(Rejection::Forbidden("your role may not kick"));
+        }
+        let target = members.get(user).ok_or(Rejection::NotFound("member"))?;
+        if user == actor {
+            return Err(Rejection::Forbidden("nobody kicks themselves: leave instead"));
+        }
+        if target.role == Role::Owner {
+            return Err(Rejection::Forbidden("the owner cannot be kicked"));
+        }
+        if target.is_manager(self.now) && standing.role_at(self.now) != Role::Owner {
+            return Err(Rejection::Forbidden("only the owner kicks an admin"));
+        }
+        Ok(Written::Left { seq: self.close(user, actor, LeaveReason::Kicked, members) })
+    }
+
+    /// Appends the `join` of `user` and opens its period there.
+    fn open(&mut self, user: &UserId, actor: &UserId, role: Role, members: &mut MemberMap) -> i64 {
+        let seq = self.append(EventKind::Join { subject: user.clone(), actor: actor.clone() });
+        members.insert(user.clone(), Standing::new(role));
+        self.member_count += 1;
+        self.membership_changes += 1;
+        self.member_changes.push(MemberChange::Open { user: user.clone(), seq, role });
+        seq
+    }
+
+    /// Appends the `leave` of `user` and closes its period there (inclusive).
+    fn close(&mut self, user: &UserId, actor: &UserId, reason: LeaveReason, members: &mut MemberMap) -> i64 {
+        let seq = self.append(EventKind::Leave { subject: user.clone(), actor: actor.clone(), reason });
+        members.remove(user);
+        self.member_count -= 1;
+        self.membership_changes += 1;
+        self.member_changes.push(MemberChange::Close { user: user.clone(), seq });
+        seq
+    }
 }

@@ -15,75 +15,33 @@
 
 mod append;
 mod batch;
+mod group;
 mod lookup;
+mod member_rows;
 mod membership;
 mod merged;
+mod ops;
 mod send;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use chrono::{DateTime, Utc};
-use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+use imcore_actors::{ConvId, UserId};
 use tokio_postgres::Transaction;
-use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::domain::{Body, DeliveryMode, Event, LeaveReason, Rejection, Role};
+use crate::domain::{DeliveryMode, Event, Rejection, Standing};
 use append::append_events;
 use batch::BatchBuilder;
-use lookup::{load_members, lock_conversations, lookup_joiners, lookup_request_keys, ConvRow, LockMode};
-use membership::write_member_changes;
+use lookup::{
+    load_members, lock_conversations, lookup_applications, lookup_joiners, lookup_request_keys, ConvRow, LockMode,
+};
+use member_rows::{write_conv_patch, write_member_changes};
 pub(super) use merged::Share;
-
-/// One write request against one conversation.
-#[derive(Debug, Clone)]
-pub enum WriteOp {
-    Send(SendOp),
-    Join(JoinOp),
-    Leave(LeaveOp),
-}
-
-#[derive(Debug, Clone)]
-pub struct SendOp {
-    pub sender: UserId,
-    pub device: DeviceId,
-    pub client_msg_id: ClientMsgId,
-    pub body: Body,
-}
-
-/// `user` joins with `role`; `actor` is who added them (the user itself for a self-join).
-#[derive(Debug, Clone)]
-pub struct JoinOp {
-    pub user: UserId,
-    pub actor: UserId,
-    pub role: Role,
-}
-
-#[derive(Debug, Clone)]
-pub struct LeaveOp {
-    pub user: UserId,
-    pub actor: UserId,
-    pub reason: LeaveReason,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendAck {
-    pub seq: i64,
-    pub message_id: Uuid,
-    pub dup: bool,
-    pub created_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Written {
-    Sent(SendAck),
-    Joined { seq: i64 },
-    Left { seq: i64 },
-}
-
-pub type WriteOutcome = Result<Written, Rejection>;
+pub use ops::{
+    GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, SendAck, SendOp, WriteOp, WriteOutcome, Written,
+};
 
 /// A committed batch: one outcome per op, and what it appended.
 #[derive(Debug)]
@@ -106,8 +64,8 @@ pub struct Appended {
     pub delivery_mode: DeliveryMode,
 }
 
-/// Current members and their attributes.
-pub type MemberMap = HashMap<UserId, MemberState>;
+/// Current members and where each stands.
+pub type MemberMap = HashMap<UserId, Standing>;
 
 /// What a conversation actor keeps between batches: the whole member map, valid
 /// while `member_version` matches the locked row (every membership, role or
@@ -117,12 +75,6 @@ pub type MemberMap = HashMap<UserId, MemberState>;
 pub struct ConvCache {
     member_version: Option<i64>,
     members: Arc<MemberMap>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberState {
-    pub role: Role,
-    pub mute_until: Option<DateTime<Utc>>,
 }
 
 /// Times the phases of a write transaction into `metrics::write_phase`.
@@ -211,6 +163,8 @@ async fn apply_batches(
     load_members(tx, jobs, rows).await?;
     let prior = lookup_request_keys(tx, jobs, rows).await?;
     let known_users = lookup_joiners(tx, jobs).await?;
+    let applications = lookup_applications(tx, jobs).await?;
+    let no_applications = HashSet::new();
     phase.end("lookup");
 
     let mut written = Vec::with_capacity(jobs.len());
@@ -232,23 +186,26 @@ async fn apply_batches(
         let cache = &mut job.cache;
         let members_before = cache.members.clone();
         let mut b = BatchBuilder::new(&job.conv, row);
+        let applications = applications.get(&job.conv).unwrap_or(&no_applications);
         let mut outcomes = Vec::with_capacity(job.ops.len());
         for op in &job.ops {
             let outcome = match op {
                 WriteOp::Send(s) => b.send(s, &prior, &cache.members),
                 WriteOp::Join(j) => b.join(j, &known_users, Arc::make_mut(&mut cache.members)),
                 WriteOp::Leave(l) => b.leave(l, Arc::make_mut(&mut cache.members)),
+                WriteOp::Group(g) => b.group(g, &known_users, applications, Arc::make_mut(&mut cache.members)),
             };
             outcomes.push(outcome);
         }
         write_member_changes(tx, &job.conv, &b.member_changes).await?;
+        write_conv_patch(tx, &job.conv, &b.profile).await?;
         cache.member_version = Some(row.member_version + b.version_bump());
         let appended = Appended {
             conv_id: job.conv.clone(),
             head: b.next_seq - 1,
             events: Vec::new(),
             members_before,
-            delivery_mode: row.delivery_mode,
+            delivery_mode: b.delivery_mode,
         };
         written.push(WrittenBatch { outcomes, appended });
         builders.push((written.len() - 1, b));

@@ -6,8 +6,9 @@ use uuid::Uuid;
 
 use super::batch::BatchBuilder;
 use super::lookup::{Prior, RequestKey, SendAckWithHash};
-use super::{MemberMap, SendAck, SendOp, WriteOutcome, Written};
-use crate::domain::{EventKind, Permission, Rejection, Role};
+use super::ops::{SendAck, SendOp, WriteOutcome, Written};
+use super::MemberMap;
+use crate::domain::{EventKind, Permission, Rejection};
 
 impl BatchBuilder {
     /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → mute → permission → append.
@@ -35,13 +36,13 @@ impl BatchBuilder {
         let Some(member) = members.get(&op.sender) else {
             return Err(Rejection::NotMember);
         };
-        if (self.mute_all && member.role == Role::Member) || member.mute_until.is_some_and(|t| t > self.now) {
+        if member.muted(self.mute_all, self.now) {
             return Err(Rejection::Muted);
         }
-        if !member.role.can(self.join_mode, Permission::SendMsg) {
+        if !member.can(self.join_mode, self.now, Permission::SendMsg) {
             return Err(Rejection::Forbidden("your role may not send messages"));
         }
-        if op.body.mention_all() && !member.role.can(self.join_mode, Permission::AtAll) {
+        if op.body.mention_all() && !member.can(self.join_mode, self.now, Permission::AtAll) {
             return Err(Rejection::Forbidden("your role may not mention everyone"));
         }
         let message_id = Uuid::now_v7();

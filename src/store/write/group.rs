@@ -1,0 +1,204 @@
+//! The group ops of PROTOCOL §5, checked in the order written there: the
+//! caller is a current member (`NOT_MEMBER`, also for an unknown
+//! conversation) → the conversation is a group (`FORBIDDEN`) → it is active
+//! (`CONV_DISMISSED`) → the permission bit (`FORBIDDEN`) → the target is a
+//! current member (`NOT_FOUND`) → the role rules (`FORBIDDEN`). Membership
+//! ops are in `membership`; here are the dispatch and the ops that change
+//! where a member stands or the group's settings, each appending one `group`
+//! event whose `change` names what changed.
+
+use std::collections::HashSet;
+
+use imcore_actors::UserId;
+use serde_json::{json, Map, Value};
+
+use super::batch::{BatchBuilder, MemberChange};
+use super::ops::{GroupChange, GroupOp, ProfilePatch, WriteOutcome, Written};
+use super::MemberMap;
+use crate::domain::{format_time, EventKind, Permission, Rejection, Role, Standing, DISMISSED_CHANGE};
+
+impl BatchBuilder {
+    pub(super) fn group(
+        &mut self,
+        op: &GroupOp,
+        known_users: &HashSet<UserId>,
+        applications: &HashSet<UserId>,
+        members: &mut MemberMap,
+    ) -> WriteOutcome {
+        match op.change {
+            GroupChange::Join => self.self_join(&op.actor, applications, members),
+            _ => self.member_op(op, known_users, applications, members),
+        }
+    }
+
+    /// A group op of a current member.
+    fn member_op(
+        &mut self,
+        op: &GroupOp,
+        known_users: &HashSet<UserId>,
+        applications: &HashSet<UserId>,
+        members: &mut MemberMap,
+    ) -> WriteOutcome {
+        let standing = members.get(&op.actor).cloned().ok_or(Rejection::NotMember)?;
+        if !self.group {
+            return Err(Rejection::Forbidden("group ops do not apply to a direct conversation"));
+        }
+        if self.dismissed {
+            return Err(Rejection::ConvDismissed);
+        }
+        let caller = (&op.actor, &standing);
+        match &op.change {
+            GroupChange::Invite(users) => self.invite(caller, users, known_users, applications, members),
+            GroupChange::Join => self.self_join(&op.actor, applications, members),
+            GroupChange::Approve(user) => self.decide_application(caller, user, true, applications, members),
+            GroupChange::Reject(user) => self.decide_application(caller, user, false, applications, members),
+            GroupChange::Leave => self.self_leave(caller, members),
+            GroupChange::Kick(user) => self.kick(caller, user, members),
+            GroupChange::SetRole { user, role, until } => {
+                self.require(&standing, Permission::SetAdmin, "only the owner sets roles")?;
+                let mut target = self.target(members, user)?;
+                if target.role == Role::Owner {
+                    return Err(Rejection::Forbidden("the owner's role changes only by transfer_owner"));
+                }
+                (target.role, target.role_until) = (*role, until.filter(|_| *role == Role::Admin));
+                let change = json!({"role": {
+                    "user_id": user, "role": role.as_str(), "until": target.role_until.map(format_time),
+                }});
+                Ok(self.stand(&op.actor, user, target, change, members))
+            }
+            GroupChange::SetPerms { user, extra_perms } => {
+                self.require(&standing, Permission::SetAdmin, "only the owner sets permissions")?;
+                let mut target = self.target(members, user)?;
+                if target.role == Role::Owner {
+                    return Err(Rejection::Forbidden("the owner holds every permission"));
+                }
+                target.extra_perms = *extra_perms;
+                let change = json!({"perms": {"user_id": user, "extra_perms": extra_perms}});
+                Ok(self.stand(&op.actor, user, target, change, members))
+            }
+            GroupChange::Mute { user, until } => {
+                self.require(&standing, Permission::Mute, "your role may not mute")?;
+                let mut target = self.target(members, user)?;
+                if target.is_manager(self.now) && standing.role_at(self.now) != Role::Owner {
+                    return Err(Rejection::Forbidden("only the owner mutes the owner or an admin"));
+                }
+                target.mute_until = *until;
+                let change = json!({"mute": {"user_id": user, "mute_until": until.map(format_time)}});
+                Ok(self.stand(&op.actor, user, target, change, members))
+            }
+            GroupChange::SetAlias(alias) => {
+                self.member_changes.push(MemberChange::Alias { user: op.actor.clone(), alias: alias.clone() });
+                Ok(self.changed(&op.actor, json!({"alias": {"user_id": op.actor, "alias": alias}})))
+            }
+            GroupChange::TransferOwner(user) => self.transfer(caller, user, members),
+            GroupChange::Update(patch) => self.update(&op.actor, &standing, patch),
+            GroupChange::Dismiss => {
+                self.require(&standing, Permission::Dismiss, "only the owner dismisses the group")?;
+                let seq = self.append(EventKind::Group { actor: op.actor.clone(), change: DISMISSED_CHANGE.into() });
+                self.member_changes.push(MemberChange::CloseAll { seq });
+                self.membership_changes += 1;
+                self.dismissed = true;
+                self.profile.dismissed = true;
+                Ok(Written::Changed { seq })
+            }
+        }
+    }
+
+    fn require(&self, standing: &Standing, bit: Permission, why: &'static str) -> Result<(), Rejection> {
+        if standing.can(self.join_mode, self.now, bit) {
+            Ok(())
+        } else {
+            Err(Rejection::Forbidden(why))
+        }
+    }
+
+    fn target(&self, members: &MemberMap, user: &UserId) -> Result<Standing, Rejection> {
+        members.get(user).cloned().ok_or(Rejection::NotFound("member"))
+    }
+
+    /// Appends a `group` event of `actor` with `change`.
+    fn changed(&mut self, actor: &UserId, change: Value) -> Written {
+        Written::Changed { seq: self.append(EventKind::Group { actor: actor.clone(), change: change.to_string() }) }
+    }
+
+    /// `user` now stands as `standing`: its row, the cache and the event.
+    fn stand(
+        &mut self,
+        actor: &UserId,
+        user: &UserId,
+        standing: Standing,
+        change: Value,
+        m: &mut MemberMap,
+    ) -> Written {
+        m.insert(user.clone(), standing.clone());
+        self.member_changes.push(MemberChange::Standing { user: user.clone(), standing });
+        self.membership_changes += 1;
+        self.changed(actor, change)
+    }
+
+    /// `transfer_owner`: the owner hands over to a current member and becomes an admin.
+    fn transfer(&mut self, caller: (&UserId, &Standing), user: &UserId, members: &mut MemberMap) -> WriteOutcome {
+        let (actor, standing) = caller;
+        if standing.role != Role::Owner {
+            return Err(Rejection::Forbidden("only the owner transfers ownership"));
+        }
+        let target = self.target(members, user)?;
+        if user == actor {
+            return Err(Rejection::Forbidden("you are the owner already"));
+        }
+        for (who, role) in [(actor, Role::Admin), (user, Role::Owner)] {
+            let now =
+                Standing { role, role_until: None, ..if who == user { target.clone() } else { standing.clone() } };
+            members.insert(who.clone(), now.clone());
+            self.member_changes.push(MemberChange::Standing { user: who.clone(), standing: now });
+        }
+        self.membership_changes += 1;
+        self.profile.owner = Some(user.clone());
+        Ok(self.changed(actor, json!({"owner": {"from": actor, "to": user}})))
+    }
+
+    /// `update_group`: `EDIT_INFO`, and `MUTE` for `mute_all`.
+    fn update(&mut self, actor: &UserId, standing: &Standing, patch: &ProfilePatch) -> WriteOutcome {
+        self.require(standing, Permission::EditInfo, "your role may not edit the group")?;
+        if patch.mute_all.is_some() {
+            self.require(standing, Permission::Mute, "your role may not mute the group")?;
+        }
+        if patch.max_member.is_some_and(|n| n < self.member_count) {
+            return Err(Rejection::BadRequest(format!(
+                "max_member may not be below the group's {} members",
+                self.member_count
+            )));
+        }
+        let mut change = Map::new();
+        let s = &mut self.profile.settings;
+        if let Some(name) = &patch.name {
+            s.name = Some(name.clone());
+            change.insert("name".into(), name.as_str().into());
+        }
+        if let Some(mode) = patch.join_mode {
+            (self.join_mode, s.join_mode) = (mode, Some(mode));
+            change.insert("join_mode".into(), mode.as_str().into());
+        }
+        if let Some(n) = patch.max_member {
+            (self.max_member, s.max_member) = (n, Some(n));
+            change.insert("max_member".into(), n.into());
+        }
+        if let Some(on) = patch.mute_all {
+            (self.mute_all, s.mute_all) = (on, Some(on));
+            change.insert("mute_all".into(), on.into());
+        }
+        if let Some(mode) = patch.delivery_mode {
+            (self.delivery_mode, s.delivery_mode) = (mode, Some(mode));
+            change.insert("delivery_mode".into(), mode.as_str().into());
+        }
+        if let Some(ms) = patch.recall_window_ms {
+            s.recall_window_ms = Some(ms);
+            change.insert("recall_window_ms".into(), ms.into());
+        }
+        if let Some(ms) = patch.retention_ms {
+            s.retention_ms = Some(ms);
+            change.insert("retention_ms".into(), ms.into());
+        }
+        Ok(self.changed(actor, json!({ "profile": change })))
+    }
+}

@@ -1,0 +1,165 @@
+//! The write requests of one conversation, and what each one's caller gets
+//! back. Every op that changes a conversation is one of these: it goes
+//! through the conversation's actor and is applied under the row lock in the
+//! batch's transaction (ARCHITECTURE §3).
+
+use chrono::{DateTime, Utc};
+use imcore_actors::{ClientMsgId, DeviceId, UserId};
+use uuid::Uuid;
+
+use crate::domain::{Body, DeliveryMode, JoinMode, LeaveReason, Rejection, Role};
+
+/// One write request against one conversation.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    Send(SendOp),
+    /// A join without permission checks: the members of a new conversation.
+    Join(JoinOp),
+    /// A leave without permission checks.
+    Leave(LeaveOp),
+    /// A group op of a device (PROTOCOL §5 "Membership and groups"), checked
+    /// in the order written there.
+    Group(GroupOp),
+}
+
+#[derive(Debug, Clone)]
+pub struct SendOp {
+    pub sender: UserId,
+    pub device: DeviceId,
+    pub client_msg_id: ClientMsgId,
+    pub body: Body,
+}
+
+/// `user` joins with `role`; `actor` is who added them (the user itself for a self-join).
+#[derive(Debug, Clone)]
+pub struct JoinOp {
+    pub user: UserId,
+    pub actor: UserId,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaveOp {
+    pub user: UserId,
+    pub actor: UserId,
+    pub reason: LeaveReason,
+}
+
+/// `actor` (the caller) asks for `change`.
+#[derive(Debug, Clone)]
+pub struct GroupOp {
+    pub actor: UserId,
+    pub change: GroupChange,
+}
+
+#[derive(Debug, Clone)]
+pub enum GroupChange {
+    /// Distinct users.
+    Invite(Vec<UserId>),
+    /// The caller joins (`free`) or applies (`approval`).
+    Join,
+    Approve(UserId),
+    Reject(UserId),
+    Leave,
+    Kick(UserId),
+    /// `role` is `Admin` or `Member`; `until` only with `Admin`.
+    SetRole {
+        user: UserId,
+        role: Role,
+        until: Option<DateTime<Utc>>,
+    },
+    SetPerms {
+        user: UserId,
+        extra_perms: u32,
+    },
+    Mute {
+        user: UserId,
+        until: Option<DateTime<Utc>>,
+    },
+    /// The caller's own alias; `None` clears it.
+    SetAlias(Option<String>),
+    TransferOwner(UserId),
+    Update(ProfilePatch),
+    Dismiss,
+}
+
+impl GroupChange {
+    /// The op's wire name.
+    pub fn op(&self) -> &'static str {
+        match self {
+            GroupChange::Invite(_) => "invite",
+            GroupChange::Join => "join",
+            GroupChange::Approve(_) => "approve",
+            GroupChange::Reject(_) => "reject",
+            GroupChange::Leave => "leave",
+            GroupChange::Kick(_) => "kick",
+            GroupChange::SetRole { .. } => "set_role",
+            GroupChange::SetPerms { .. } => "set_perms",
+            GroupChange::Mute { .. } => "mute_member",
+            GroupChange::SetAlias(_) => "set_alias",
+            GroupChange::TransferOwner(_) => "transfer_owner",
+            GroupChange::Update(_) => "update_group",
+            GroupChange::Dismiss => "dismiss",
+        }
+    }
+}
+
+/// `update_group`: the settings given (at least one).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProfilePatch {
+    pub name: Option<String>,
+    pub join_mode: Option<JoinMode>,
+    pub max_member: Option<i32>,
+    pub mute_all: Option<bool>,
+    pub delivery_mode: Option<DeliveryMode>,
+    pub recall_window_ms: Option<i64>,
+    /// `Some(None)`: unlimited.
+    pub retention_ms: Option<Option<i64>>,
+}
+
+impl ProfilePatch {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendAck {
+    pub seq: i64,
+    pub message_id: Uuid,
+    pub dup: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    Sent(SendAck),
+    Joined {
+        seq: i64,
+    },
+    Left {
+        seq: i64,
+    },
+    /// A group op appended its `group` event at `seq`.
+    Changed {
+        seq: i64,
+    },
+    Invited(Invited),
+    /// Done without an event: an application filed (`join` of an approval
+    /// group) or rejected.
+    Applied,
+}
+
+/// What an `invite` did with each user named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invited {
+    pub joined: Vec<UserId>,
+    /// Applications filed (a plain member's invite in an approval group).
+    pub pending: Vec<UserId>,
+    /// Already members.
+    pub skipped: Vec<UserId>,
+    /// The conversation's head after the invite.
+    pub head: i64,
+}
+
+pub type WriteOutcome = Result<Written, Rejection>;
