@@ -12,6 +12,7 @@ mod error;
 mod inbox;
 mod migrate;
 mod port;
+mod presence;
 mod read;
 mod sync;
 mod write;
@@ -27,6 +28,7 @@ pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, Cr
 pub use error::{ErrorClass, Report, StoreError};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP, UNREAD_SCAN_ROWS};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
+pub use presence::Membership;
 pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_DEFAULT_MAX_BYTES, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
     Appended, BatchJob, ConvCache, JoinOp, LeaveOp, MemberMap, MemberState, SendAck, SendOp, WriteOp, WriteOutcome,
@@ -92,7 +94,7 @@ impl Store {
     /// Database reachable and the schema at this build's version.
     pub async fn ready(&self) -> bool {
         match self.pool.get().await {
-            Ok(c) => migrate::applied_version(&*c).await.map(|v| v == SCHEMA_VERSION).unwrap_or(false),
+            Ok(c) => migrate::up_to_date(&*c).await.unwrap_or(false),
             Err(_) => false,
         }
     }
