@@ -7,154 +7,57 @@
 //! connection also holds its bytes of the global memory budget until the
 //! session writes it (or drops it); a push that does not fit is treated like
 //! an overflow.
+//!
+//! Who receives a batch is decided from what each lane keeps about its
+//! online users' memberships, never from a conversation's member list.
+//!
+//! * `conn` — a connection: its pushes, its close on overflow.
+//! * `presence` — a lane's online users and their memberships (pure).
+//! * `lane` — a lane's thread: batches and subscriptions in, pushes out.
 
-use std::collections::{HashMap, HashSet};
+mod conn;
+mod lane;
+mod presence;
+
 use std::future::Future;
 use std::mem;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Arc, LazyLock, OnceLock, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, LazyLock};
 
-use actix::dev::SendError;
-use actix::{Message, Recipient};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
-use imcore_actors::registry::{ConnId, RouteRegistry};
+use imcore_actors::registry::ConnId;
 use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
 use tokio::sync::oneshot;
 
-use crate::budget::{MemoryBudget, Permit};
 use crate::config::DeliverySettings;
-use crate::domain::{DeliveryMode, Event, EventKind};
 use crate::metrics::metrics;
-use crate::protocol::{encode_event, push_encoded_events, push_head};
-use crate::store::{Appended, MemberMap};
-
-/// What a connection is sent from outside its own request handling.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub enum Push {
-    /// A JSON text frame, encoded once for all its recipients, and its bytes
-    /// of the memory budget, given back once the session wrote or dropped it.
-    Frame(Arc<str>, Permit),
-    /// The connection's mailbox overflowed: close it (1013), the client resyncs.
-    Overflowed,
-    /// Close the connection after telling it why (`kicked` push).
-    Kick(KickReason),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KickReason {
-    Replaced,
-    TokenRevoked,
-    Shutdown,
-}
-
-impl KickReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KickReason::Replaced => "replaced",
-            KickReason::TokenRevoked => "token_revoked",
-            KickReason::Shutdown => "shutdown",
-        }
-    }
-}
-
-/// A live connection as the route registry holds it.
-#[derive(Debug, Clone)]
-pub struct Conn {
-    /// Shared, not cloned per push: actix reports a full mailbox through
-    /// `try_send` only to a sender that is already parked, and every clone of
-    /// a `Recipient` starts unparked — the queue would never look full.
-    pub push: Arc<Recipient<Push>>,
-    overflow: Arc<Overflow>,
-    budget: Arc<MemoryBudget>,
-}
-
-/// What an overflow must undo without the session's help.
-///
-/// A session whose client stops reading is not polled at all: actix-http
-/// stops polling the response body (and with it the actor) while its write
-/// buffer is full, so the session cannot close itself until the client reads
-/// again or goes away. The route is therefore removed here, at the moment the
-/// mailbox is found full, so fan-out stops considering the connection at once.
-#[derive(Debug)]
-struct Overflow {
-    /// Set once the mailbox overflowed, so the close request is sent once.
-    seen: AtomicBool,
-    /// Weak: the registry holds this `Conn`.
-    routes: Weak<Routes>,
-    user: UserId,
-    device: DeviceId,
-    conn_id: ConnId,
-}
-
-impl Conn {
-    /// The connection `conn_id` of `user`'s `device`, registered in `routes`;
-    /// its queued pushes are paid from `budget`.
-    pub fn new(
-        push: Recipient<Push>,
-        routes: &Arc<Routes>,
-        budget: Arc<MemoryBudget>,
-        user: UserId,
-        device: DeviceId,
-        conn_id: ConnId,
-    ) -> Self {
-        let overflow = Overflow { seen: AtomicBool::new(false), routes: Arc::downgrade(routes), user, device, conn_id };
-        Self { push: Arc::new(push), overflow: Arc::new(overflow), budget }
-    }
-
-    /// Never waits. The frame's bytes are taken from the memory budget for
-    /// this connection (a frame shared by many connections is paid by each:
-    /// the budget bounds what the queues could hold, not what they share).
-    /// A full mailbox or an exhausted budget drops this push, removes the
-    /// route (compare-and-remove: a newer connection of the device keeps its
-    /// own) and queues [`Push::Overflowed`] behind the pushes already queued,
-    /// so the session closes with 1013 as soon as it runs again; the client
-    /// reconnects and syncs (PROTOCOL §4).
-    pub fn send(&self, frame: Arc<str>) {
-        if self.overflow.seen.load(Ordering::Relaxed) {
-            return;
-        }
-        let Some(permit) = self.budget.try_acquire(frame.len()) else {
-            return self.overflowed("over_budget");
-        };
-        match self.push.try_send(Push::Frame(frame, permit)) {
-            Ok(()) | Err(SendError::Closed(_)) => {}
-            Err(SendError::Full(_)) => self.overflowed("overflowed"),
-        }
-    }
-
-    fn overflowed(&self, reason: &'static str) {
-        let o = &self.overflow;
-        if !o.seen.swap(true, Ordering::Relaxed) {
-            metrics().kicks.with_label_values(&[reason]).inc();
-            if let Some(routes) = o.routes.upgrade() {
-                routes.unregister(&o.user, &o.device, o.conn_id);
-            }
-            // One small message past the bound, once per connection.
-            self.push.do_send(Push::Overflowed);
-        }
-    }
-}
-
-pub type Routes = RouteRegistry<Conn>;
+use crate::store::{Appended, Membership};
+pub use conn::{Conn, KickReason, Push, Routes};
+use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
 
 /// Fan-out runs on a few delivery threads ("lanes", `DeliverySettings::lanes`),
 /// never on a conversation actor's thread, so encoding and pushing a batch
 /// never delays the next batch's commit. Every lane sees every batch, in
 /// order, and serves the users that hash to it: a connection is always served
 /// by one lane, so it gets one conversation's events in seq order, and a big
-/// group's fan-out is spread over all lanes. Past a lane's backlog a batch's
-/// pushes are dropped (counted and logged): clients notice the gap and sync,
-/// the log is the truth.
+/// group's fan-out is spread over all lanes. A lane's input is unbounded, but
+/// past `backlog` queued batches a lane gets a small [`Missed`] notice
+/// instead of the batch (counted and logged): the users it concerns resync.
 pub struct Delivery {
-    fan: Arc<FanOut>,
-    lanes: Vec<SyncSender<Arc<Job>>>,
+    routes: Arc<Routes>,
+    lanes: Vec<LaneHandle>,
+    backlog: usize,
     /// Conversations being created whose id is known beforehand (a direct
     /// chat's, a group's chosen id): their batches wait here until the
     /// creation's own events are on the lanes. See [`Delivery::hold_creation`].
     held: DashMap<ConvId, Held>,
+}
+
+struct LaneHandle {
+    input: Sender<LaneInput>,
+    counts: Arc<LaneCounts>,
 }
 
 /// Batches of a conversation whose creation is in progress.
@@ -166,58 +69,75 @@ struct Held {
     jobs: Vec<Arc<Job>>,
 }
 
-/// A committed batch, shared by the lanes.
-struct Job {
-    appended: Appended,
-    /// Every event as JSON, encoded once by whichever lane needs it first.
-    encoded: OnceLock<Vec<String>>,
-    /// Dropped with the job, once every lane has pushed it (or dropped it):
-    /// tells a creator its conversation's first events are out.
-    _pushed: Option<oneshot::Sender<()>>,
-}
-
-impl Job {
-    fn new(appended: Appended) -> Self {
-        Self { appended, encoded: OnceLock::new(), _pushed: None }
-    }
-
-    /// A job whose receiver resolves once every lane is done with it.
-    fn announced(appended: Appended) -> (Self, oneshot::Receiver<()>) {
-        let (pushed, done) = oneshot::channel();
-        (Self { appended, encoded: OnceLock::new(), _pushed: Some(pushed) }, done)
-    }
-}
-
-struct FanOut {
-    routes: Arc<Routes>,
-    lanes: usize,
+/// What the lanes keep about online users, all lanes together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tracked {
+    /// Online users (subscribed connections' users).
+    pub users: usize,
+    /// (online user, conversation) pairs.
+    pub periods: usize,
 }
 
 impl Delivery {
     pub fn new(routes: Arc<Routes>, settings: &DeliverySettings) -> Self {
-        let lanes = settings.lanes.max(1);
-        let fan = Arc::new(FanOut { routes, lanes });
-        let lanes = (0..lanes)
+        let lanes = (0..settings.lanes.max(1))
             .map(|lane| {
-                let (sender, jobs) = sync_channel::<Arc<Job>>(settings.backlog);
-                let fan = fan.clone();
+                let (input, inputs) = channel::<LaneInput>();
+                let counts = Arc::new(LaneCounts::default());
+                let worker = Lane::new(routes.clone(), counts.clone(), settings.backlog);
                 std::thread::Builder::new()
                     .name(format!("delivery-{lane}"))
-                    .spawn(move || {
-                        // Ends when the `Delivery` (every sender) is dropped.
-                        for job in jobs {
-                            fan.fan_out(&job, lane);
-                        }
-                    })
-                    .map(|_| sender)
+                    // Ends when the `Delivery` (every sender) is dropped.
+                    .spawn(move || worker.run(inputs))
+                    .map(|_| LaneHandle { input, counts })
             })
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_else(|e| panic!("cannot start delivery threads: {e}"));
-        Self { fan, lanes, held: DashMap::new() }
+        Self { routes, lanes, backlog: settings.backlog, held: DashMap::new() }
     }
 
     pub fn routes(&self) -> &Arc<Routes> {
-        &self.fan.routes
+        &self.routes
+    }
+
+    /// What the lanes keep now (an instant's sum, for gauges and tests).
+    pub fn tracked(&self) -> Tracked {
+        let sum = |f: fn(&LaneCounts) -> usize| self.lanes.iter().map(|l| f(&l.counts)).sum();
+        Tracked { users: sum(|c| c.users.load(Ordering::Relaxed)), periods: sum(|c| c.periods.load(Ordering::Relaxed)) }
+    }
+
+    /// Connection `conn` of `user`'s `device` is routed: its lane starts
+    /// tracking the user. Call before reading the snapshot for
+    /// [`Delivery::load`], so that every batch the snapshot does not reflect
+    /// reaches the lane after this (ARCHITECTURE §5).
+    pub fn subscribe(&self, user: &UserId, device: &DeviceId, conn: ConnId) {
+        let input = LaneInput::Subscribe { user: user.clone(), device: device.clone(), conn };
+        self.to_lane_of(user, input);
+    }
+
+    /// `user`'s memberships, read after [`Delivery::subscribe`] for `conn`.
+    pub fn load(&self, user: &UserId, device: &DeviceId, conn: ConnId, snapshot: Vec<Membership>) {
+        let input = LaneInput::Load { user: user.clone(), device: device.clone(), conn, snapshot };
+        self.to_lane_of(user, input);
+    }
+
+    /// Connection `conn` of `user` is gone.
+    pub fn unsubscribe(&self, user: &UserId, conn: ConnId) {
+        self.to_lane_of(user, LaneInput::Unsubscribe { user: user.clone(), conn });
+    }
+
+    /// Sends `frame` to every live device of `user`.
+    pub fn to_user(&self, user: &UserId, frame: &Arc<str>, except: Option<&DeviceId>) {
+        for (device, route) in self.routes.routes_of(user) {
+            if Some(&device) != except {
+                route.recipient.send(frame.clone());
+            }
+        }
+    }
+
+    fn to_lane_of(&self, user: &UserId, input: LaneInput) {
+        // Fails only once the lane thread is gone (shutdown): nothing to track then.
+        let _ = self.lanes[lane_of(user, self.lanes.len())].input.send(input);
     }
 
     /// Taken before the transaction that creates conversation `conv` (its id,
@@ -235,12 +155,21 @@ impl Delivery {
         CreationHold { delivery: self.clone(), conv }
     }
 
-    /// Hands `job` to every lane (never waits: a full lane drops it, counted).
+    /// Hands `job` to every lane, in order; never waits. A lane `backlog`
+    /// jobs behind gets a [`Missed`] notice instead (counted).
     fn to_lanes(&self, job: Arc<Job>) {
+        let mut missed: Option<Arc<Missed>> = None;
         for lane in &self.lanes {
-            if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = lane.try_send(job.clone()) {
+            let input = if lane.counts.queued.fetch_add(1, Ordering::Relaxed) < self.backlog {
+                LaneInput::Job(job.clone())
+            } else {
+                lane.counts.queued.fetch_sub(1, Ordering::Relaxed);
                 metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
-                tracing::warn!(conv_id = %job.appended.conv_id, "delivery lane full: pushes of a batch dropped");
+                tracing::warn!(conv_id = %job.appended.conv_id, "delivery lane full: a batch's pushes dropped");
+                LaneInput::Missed(missed.get_or_insert_with(|| Arc::new(Missed::of(&job))).clone())
+            };
+            if lane.input.send(input).is_err() {
+                lane.counts.queued.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -275,121 +204,6 @@ impl Delivery {
         }
         pushed
     }
-
-    /// Sends `frame` to every live device of `user`.
-    pub fn to_user(&self, user: &UserId, frame: &Arc<str>, except: Option<&DeviceId>) {
-        self.fan.to_user(user, frame, except)
-    }
-}
-
-impl FanOut {
-    fn to_user(&self, user: &UserId, frame: &Arc<str>, except: Option<&DeviceId>) {
-        for (device, route) in self.routes.routes_of(user) {
-            if Some(&device) != except {
-                route.recipient.send(frame.clone());
-            }
-        }
-    }
-
-    /// Pushes the events of `job` to the members `lane` serves.
-    fn fan_out(&self, job: &Job, lane: usize) {
-        let (a, before) = (&job.appended, &*job.appended.members_before);
-        let mine = |user: &UserId| lane_of(user, self.lanes) == lane;
-        let conv = a.conv_id.as_str();
-        if a.delivery_mode == DeliveryMode::Pull {
-            let frame: Arc<str> = push_head(conv, a.head).into();
-            for user in members_after(a, before).iter().filter(|u| mine(u)) {
-                self.to_user(user, &frame, None);
-            }
-            return;
-        }
-        let changes_membership =
-            a.events.iter().any(|e| matches!(e.kind, EventKind::Join { .. } | EventKind::Leave { .. }));
-        if !changes_membership {
-            let all: Vec<usize> = (0..a.events.len()).collect();
-            self.send_events(job, &all, before.keys().filter(|u| mine(u)));
-            return;
-        }
-        // Who sees which event: replay the batch's joins and leaves (a joiner
-        // sees from its join, a leaver up to and including its leave).
-        let mut current: HashSet<&UserId> = before.keys().filter(|u| mine(u)).collect();
-        let mut visible: HashMap<&UserId, Vec<usize>> = HashMap::new();
-        for (i, e) in a.events.iter().enumerate() {
-            if let EventKind::Join { subject, .. } = &e.kind {
-                if mine(subject) {
-                    current.insert(subject);
-                }
-            }
-            for user in &current {
-                visible.entry(user).or_default().push(i);
-            }
-            if let EventKind::Leave { subject, .. } = &e.kind {
-                current.remove(subject);
-            }
-        }
-        let mut groups: HashMap<Vec<usize>, Vec<&UserId>> = HashMap::new();
-        for (user, indices) in visible {
-            groups.entry(indices).or_default().push(user);
-        }
-        for (indices, users) in groups {
-            self.send_events(job, &indices, users.into_iter());
-        }
-    }
-
-    /// One frame for everyone, except that a device never gets its own
-    /// messages pushed back (its ack answered it): its frame is spliced from
-    /// the same encoded events, without its own.
-    fn send_events<'a>(&self, job: &Job, indices: &[usize], users: impl Iterator<Item = &'a UserId>) {
-        let (conv, events) = (job.appended.conv_id.as_str(), &job.appended.events);
-        fn sent_by(e: &Event) -> Option<(&UserId, &DeviceId)> {
-            match &e.kind {
-                EventKind::Msg { sender, sender_device, .. } => Some((sender, sender_device)),
-                _ => None,
-            }
-        }
-        if indices.is_empty() {
-            return;
-        }
-        let mut shared: Option<Arc<str>> = None;
-        for user in users {
-            for (device, route) in self.routes.routes_of(user) {
-                let encoded = job.encoded.get_or_init(|| events.iter().map(encode_event).collect());
-                let own = |i: usize| sent_by(&events[i]) == Some((user, &device));
-                let frame = if indices.iter().any(|&i| own(i)) {
-                    let rest: Vec<&str> = indices.iter().filter(|&&i| !own(i)).map(|&i| encoded[i].as_str()).collect();
-                    if rest.is_empty() {
-                        continue;
-                    }
-                    Arc::from(push_encoded_events(conv, &rest))
-                } else {
-                    shared
-                        .get_or_insert_with(|| {
-                            let all: Vec<&str> = indices.iter().map(|&i| encoded[i].as_str()).collect();
-                            Arc::from(push_encoded_events(conv, &all))
-                        })
-                        .clone()
-                };
-                route.recipient.send(frame);
-            }
-        }
-    }
-}
-
-/// Members once the batch's joins and leaves are applied.
-fn members_after(a: &Appended, before: &MemberMap) -> Vec<UserId> {
-    let mut users: HashSet<UserId> = before.keys().cloned().collect();
-    for e in &a.events {
-        match &e.kind {
-            EventKind::Join { subject, .. } => {
-                users.insert(subject.clone());
-            }
-            EventKind::Leave { subject, .. } => {
-                users.remove(subject);
-            }
-            _ => {}
-        }
-    }
-    users.into_iter().collect()
 }
 
 impl Fanout<Appended> for Delivery {
