@@ -19,7 +19,8 @@
 //!   `Engine::start` assembles it with delivery, for the server, the tests
 //!   and the benchmarks alike.
 //! * [`delivery`] — fan-out after commit through the route registry: frames
-//!   encoded once, bounded per-connection mailboxes, a slow device is closed.
+//!   encoded once, bounded per-connection mailboxes, a slow device is closed;
+//!   recipients from what each lane keeps about its online users.
 //! * [`budget`] — the global memory budget in bytes for queued message bodies
 //!   and queued push frames; beyond it `OVERLOADED` or a 1013 close.
 //! * [`protocol`] — wire shapes (events, conversations, pushes) and error codes.
@@ -56,8 +57,9 @@
 //!         │ oneshot
 //!         ▼
 //!  actor arbiter (arbiter:M)     4 finish_batch answers every op (oneshot → 6)
-//!                                  and hands the batch to every lane (try_send)
-//!         │ sync_channel
+//!                                  and hands the batch to every lane (send;
+//!                                  past the backlog a `Missed` notice)
+//!         │ mpsc (unbounded; the backlog is counted)
 //!         ▼
 //!  delivery-0 … delivery-K       5 encode once; try_send Push::Frame to each
 //!                                  receiving device's session
@@ -69,12 +71,12 @@
 //!
 //! Nothing on an arbiter blocks: the gateway and the actors only `try_send`
 //! or await; fan-out (encoding, one push per device) is on the lanes, and a
-//! full lane or mailbox drops rather than waits. The exceptions are bounded
+//! full lane or mailbox drops rather than waits (its users resync). The exceptions are bounded
 //! CPU work on an HTTP worker: a new conversation's events are handed to the
 //! lanes (with any batch of it that committed meanwhile, under a
 //! per-conversation map entry) and the answer awaits their fan-out, and the
-//! `direct` path hands its batch to the lanes under a per-conversation map
-//! entry. With `commit_workers = 0` the
+//! `direct` path hands its batch to the lanes under a per-conversation lock,
+//! once its predecessors were (it awaits them, up to 1 s). With `commit_workers = 0` the
 //! batch task runs its own transaction on the actor's arbiter instead of the
 //! System thread. Log lines are written synchronously by whichever thread
 //! logs.

@@ -82,6 +82,11 @@ impl Application {
         self.port
     }
 
+    /// The state every worker shares (tests reach the writer and delivery).
+    pub fn state(&self) -> &web::Data<AppState> {
+        &self.state
+    }
+
     /// Starts graceful shutdown from inside the process (tests; same path as a signal).
     pub fn shutdown_trigger(&self) -> ShutdownTrigger {
         self.trigger.clone()

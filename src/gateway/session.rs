@@ -149,6 +149,7 @@ impl Actor for WsSession {
             return;
         }
         self.recheck_token(ctx);
+        self.subscribe(ctx);
         let (every, timeout) = (self.state.config.ws.ping(), self.state.config.ws.timeout());
         ctx.run_interval(every, move |act, ctx| {
             if act.last_heard.elapsed() >= timeout {
@@ -165,6 +166,7 @@ impl Actor for WsSession {
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         // Compare-and-remove: a newer connection's route stays (P7).
         self.state.delivery.routes().unregister(&self.owner.user_id, &self.owner.device_id, self.conn_id);
+        self.state.delivery.unsubscribe(&self.owner.user_id, self.conn_id);
         self.state.sessions.remove(&self.conn_id);
     }
 }
@@ -183,6 +185,26 @@ impl WsSession {
                 Err(e) => tracing::warn!(error = %e, "token re-check failed"),
             }
         }));
+    }
+
+    /// Delivery starts tracking this user, then gets its memberships
+    /// (ARCHITECTURE §5). Loaded on a task of its own: the snapshot reaches
+    /// delivery even while this session is not polled. If it cannot be read,
+    /// the connection closes like an overflow (1013; the client reconnects).
+    fn subscribe(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        let (delivery, store, owner, conn) =
+            (self.state.delivery.clone(), self.state.store.clone(), self.owner.clone(), self.conn_id);
+        delivery.subscribe(&owner.user_id, &owner.device_id, conn);
+        let session = ctx.address();
+        actix::spawn(async move {
+            match store.memberships_of(&owner.user_id).await {
+                Ok(snapshot) => delivery.load(&owner.user_id, &owner.device_id, conn, snapshot),
+                Err(e) => {
+                    tracing::warn!(error = %e, %conn, "memberships not loaded: the connection closes");
+                    session.do_send(Push::Overflowed);
+                }
+            }
+        });
     }
 
     fn kick(&mut self, reason: KickReason, ctx: &mut ws::WebsocketContext<Self>) {

@@ -1,6 +1,8 @@
 //! Numbered migrations from `schema/`, embedded in the binary and applied at
 //! start-up under an advisory lock, so two processes starting at once apply
-//! each exactly once. Applying again is a no-op.
+//! each exactly once. Applying again is a no-op. Every listed version not yet
+//! recorded is applied, in ascending order: versions may have gaps, and a
+//! version merged below one a database already has is applied too.
 
 use tokio_postgres::GenericClient;
 
@@ -10,6 +12,7 @@ use super::{Store, StoreError};
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "core", include_str!("../../schema/0001_core.sql")),
     (2, "groups", include_str!("../../schema/0002_groups.sql")),
+    (3, "presence", include_str!("../../schema/0003_presence.sql")),
 ];
 
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -17,12 +20,20 @@ pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 /// Arbitrary, fixed: the key of the migration advisory lock.
 const LOCK_KEY: i64 = 0x1c04_e5c4;
 
-pub(super) async fn applied_version(c: &impl GenericClient) -> Result<i32, StoreError> {
+/// The versions recorded as applied, ascending.
+async fn applied_versions(c: &impl GenericClient) -> Result<Vec<i32>, StoreError> {
     let exists: bool = c.query_one("SELECT to_regclass('imcore_schema_migrations') IS NOT NULL", &[]).await?.get(0);
     if !exists {
-        return Ok(0);
+        return Ok(Vec::new());
     }
-    Ok(c.query_one("SELECT coalesce(max(version), 0) FROM imcore_schema_migrations", &[]).await?.get(0))
+    let rows = c.query("SELECT version FROM imcore_schema_migrations ORDER BY version", &[]).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Whether every migration of this build is applied.
+pub(super) async fn up_to_date(c: &impl GenericClient) -> Result<bool, StoreError> {
+    let applied = applied_versions(c).await?;
+    Ok(MIGRATIONS.iter().all(|(v, _, _)| applied.contains(v)))
 }
 
 impl Store {
@@ -46,9 +57,9 @@ async fn apply(conn: &mut tokio_postgres::Client) -> Result<usize, StoreError> {
              applied_at timestamptz NOT NULL DEFAULT now())",
     )
     .await?;
-    let current = applied_version(&*conn).await?;
+    let recorded = applied_versions(&*conn).await?;
     let mut applied = 0;
-    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
+    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| !recorded.contains(v)) {
         let tx = conn.transaction().await?;
         tx.batch_execute(sql).await?;
         tx.execute("INSERT INTO imcore_schema_migrations (version, name) VALUES ($1, $2)", &[version, name]).await?;

@@ -13,6 +13,7 @@ mod inbox;
 mod members;
 mod migrate;
 mod port;
+mod presence;
 mod read;
 mod sync;
 mod write;
@@ -29,6 +30,7 @@ pub use error::{ErrorClass, Report, StoreError};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP, UNREAD_SCAN_ROWS};
 pub use members::{Application, ApplicationPage, MemberInfo, MemberPage, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
+pub use presence::Membership;
 pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_DEFAULT_MAX_BYTES, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
     Appended, BatchJob, ConvCache, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, MemberMap, ProfilePatch, SendAck,
@@ -94,7 +96,7 @@ impl Store {
     /// Database reachable and the schema at this build's version.
     pub async fn ready(&self) -> bool {
         match self.pool.get().await {
-            Ok(c) => migrate::applied_version(&*c).await.map(|v| v == SCHEMA_VERSION).unwrap_or(false),
+            Ok(c) => migrate::up_to_date(&*c).await.unwrap_or(false),
             Err(_) => false,
         }
     }

@@ -1,53 +1,84 @@
 //! The `direct` write path: one op, one transaction, no actor — the
 //! baseline design, kept for the benchmarks to compare against.
 //!
-//! Concurrent transactions of one conversation commit in any order, and
-//! their callers come back in any order; delivery takes a conversation's
-//! batches in seq order only. So a batch reaches delivery only if it is newer
-//! than every batch of its conversation handed over before; an older one is
-//! not pushed (PROTOCOL §4: a client that notices the gap syncs).
+//! Concurrent transactions of one conversation commit in seq order (the row
+//! lock), but their callers come back in any order; delivery takes a
+//! conversation's batches in seq order only, and a batch that skips one
+//! makes the lanes resync the users it concerns (ARCHITECTURE §5). So a
+//! committed batch waits, up to [`HAND_OVER_WAIT`], until its predecessors
+//! were handed over; past that (a caller that went away between its commit
+//! and its hand-over) it goes anyway.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use imcore_actors::{ConvId, Fanout};
+use tokio::sync::Notify;
+use tokio::time::{timeout_at, Instant};
 
 use super::WriteFailure;
 use crate::delivery::Delivery;
 use crate::domain::Rejection;
 use crate::store::{Appended, ConvCache, Store, WriteOp, Written};
 
+/// How long a batch waits for its predecessors to be handed over.
+const HAND_OVER_WAIT: Duration = Duration::from_secs(1);
+
 pub struct DirectWriter {
     store: Store,
     delivery: Arc<Delivery>,
-    /// The head of the newest batch handed to delivery, per conversation.
-    delivered: DashMap<ConvId, i64>,
+    order: DashMap<ConvId, Arc<HandOver>>,
+}
+
+/// Where a conversation's hand-overs stand.
+struct HandOver {
+    /// The head of the newest batch handed to delivery; locked while one is
+    /// handed over (a non-blocking queue push), so hand-overs keep their order.
+    handed: Mutex<i64>,
+    /// Woken at every hand-over.
+    handed_over: Notify,
 }
 
 impl DirectWriter {
     pub fn new(store: Store, delivery: Arc<Delivery>) -> Self {
-        Self { store, delivery, delivered: DashMap::new() }
+        Self { store, delivery, order: DashMap::new() }
     }
 
-    /// Commits `op` in a transaction of its own; the empty cache makes it
-    /// load the member map under the row lock, which delivery needs.
+    /// Commits `op` in a transaction of its own.
     pub async fn write(&self, conv: ConvId, op: WriteOp) -> Result<Written, WriteFailure> {
         let (mut batch, _) = self.store.write_batch(&conv, ConvCache::default(), vec![op]).await?;
         let outcome = batch.outcomes.pop().unwrap_or(Err(Rejection::NotMember));
-        self.deliver_in_order(batch.appended);
+        self.hand_over_in_order(batch.appended).await;
         Ok(outcome?)
     }
 
-    fn deliver_in_order(&self, appended: Appended) {
-        if appended.events.is_empty() {
-            return;
+    async fn hand_over_in_order(&self, appended: Appended) {
+        let Some(first) = appended.events.first().map(|e| e.seq) else { return };
+        // The first batch seen of a conversation sets where it stands.
+        let order = self
+            .order
+            .entry(appended.conv_id.clone())
+            .or_insert_with(|| Arc::new(HandOver { handed: Mutex::new(first - 1), handed_over: Notify::new() }))
+            .clone();
+        let deadline = Instant::now() + HAND_OVER_WAIT;
+        loop {
+            let woken = order.handed_over.notified();
+            tokio::pin!(woken);
+            // Registered before the check, so a hand-over right after it still wakes us.
+            woken.as_mut().enable();
+            if *order.handed.lock().unwrap_or_else(PoisonError::into_inner) >= first - 1 {
+                break;
+            }
+            if timeout_at(deadline, woken).await.is_err() {
+                tracing::warn!(conv_id = %appended.conv_id, first, "a batch's predecessor was not handed over in time");
+                break;
+            }
         }
-        // The entry stays locked while the batch is handed over (a
-        // non-blocking queue push), so hand-overs keep their seq order.
-        let mut newest = self.delivered.entry(appended.conv_id.clone()).or_insert(0);
-        if appended.head > *newest {
-            *newest = appended.head;
-            self.delivery.deliver(&appended.conv_id.clone(), appended);
-        }
+        let mut handed = order.handed.lock().unwrap_or_else(PoisonError::into_inner);
+        *handed = (*handed).max(appended.head);
+        self.delivery.deliver(&appended.conv_id.clone(), appended);
+        drop(handed);
+        order.handed_over.notify_waiters();
     }
 }

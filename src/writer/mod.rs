@@ -1,7 +1,7 @@
 //! The configurable write path: through the conversation's actor (batched,
 //! the default) or `direct` (one transaction per op — the baseline
 //! benchmarks compare against). Either hands delivery the same thing: each
-//! conversation's committed batches, in seq order, with the members before.
+//! conversation's committed batches, in seq order.
 
 mod direct;
 

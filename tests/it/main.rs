@@ -22,6 +22,7 @@ mod input_forms;
 mod limits;
 mod overload;
 mod persistence;
+mod presence;
 mod server;
 mod startup;
 mod store_rules;

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use imcore::config::Config;
+use imcore::gateway::AppState;
 use imcore::startup::{Application, ShutdownTrigger};
 use imcore_client::ClientError;
 pub use imcore_client::Closed;
@@ -20,6 +21,8 @@ pub struct TestServer {
     pub db: TestDb,
     pub trigger: ShutdownTrigger,
     pub running: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The server's own writer and delivery.
+    pub state: actix_web::web::Data<AppState>,
 }
 
 impl TestServer {
@@ -37,9 +40,9 @@ impl TestServer {
         config.store.pool_size = 8;
         tweak(&mut config);
         let app = Application::build(config).await.expect("build the server");
-        let (port, trigger) = (app.port(), app.shutdown_trigger());
+        let (port, trigger, state) = (app.port(), app.shutdown_trigger(), app.state().clone());
         let running = actix_web::rt::spawn(app.run_until_stopped());
-        Self { port, db, trigger, running }
+        Self { port, db, trigger, running, state }
     }
 
     pub async fn http(&self, method: &str, path: &str, token: Option<&str>, body: Option<&Value>) -> (u16, Value) {

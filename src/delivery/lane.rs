@@ -1,0 +1,258 @@
+//! One delivery lane: a thread that sees every batch of every conversation in
+//! seq order, keeps what its online users know ([`Presence`]) and pushes each
+//! batch to the ones it concerns (ARCHITECTURE §5).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, OnceLock};
+
+use imcore_actors::registry::ConnId;
+use imcore_actors::{ConvId, DeviceId, UserId};
+use tokio::sync::oneshot;
+
+use super::presence::{Batch, Loaded, Presence, Step};
+use super::Routes;
+use crate::domain::{DeliveryMode, Event, EventKind};
+use crate::protocol::{encode_event, push_encoded_events, push_head};
+use crate::store::{Appended, Membership};
+
+/// A committed batch, shared by the lanes.
+pub(super) struct Job {
+    pub(super) appended: Appended,
+    /// Every event as JSON, encoded once by whichever lane needs it first.
+    encoded: OnceLock<Vec<String>>,
+    /// Dropped with the job, once every lane has pushed it (or dropped it):
+    /// tells a creator its conversation's first events are out.
+    _pushed: Option<oneshot::Sender<()>>,
+}
+
+impl Job {
+    pub(super) fn new(appended: Appended) -> Self {
+        Self { appended, encoded: OnceLock::new(), _pushed: None }
+    }
+
+    /// A job whose receiver resolves once every lane is done with it.
+    pub(super) fn announced(appended: Appended) -> (Self, oneshot::Receiver<()>) {
+        let (pushed, done) = oneshot::channel();
+        (Self { appended, encoded: OnceLock::new(), _pushed: Some(pushed) }, done)
+    }
+
+    fn batch(&self) -> Batch<'_> {
+        Batch { conv: &self.appended.conv_id, events: &self.appended.events }
+    }
+}
+
+/// What a lane gets instead of a job past its backlog: enough to tell who
+/// may have missed something.
+pub(super) struct Missed {
+    conv: ConvId,
+    head: i64,
+    /// Whose membership the batch changed (a join may concern a user that
+    /// tracks nothing of the conversation yet).
+    subjects: Vec<UserId>,
+}
+
+impl Missed {
+    pub(super) fn of(job: &Job) -> Self {
+        let a = &job.appended;
+        let subjects = a
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Join { subject, .. } | EventKind::Leave { subject, .. } => Some(subject.clone()),
+                _ => None,
+            })
+            .collect();
+        Self { conv: a.conv_id.clone(), head: a.head, subjects }
+    }
+}
+
+/// What a lane works through, in the order it was handed over.
+pub(super) enum LaneInput {
+    Job(Arc<Job>),
+    Missed(Arc<Missed>),
+    /// A connection's route is registered; its snapshot is read after this.
+    Subscribe {
+        user: UserId,
+        device: DeviceId,
+        conn: ConnId,
+    },
+    Load {
+        user: UserId,
+        device: DeviceId,
+        conn: ConnId,
+        snapshot: Vec<Membership>,
+    },
+    Unsubscribe {
+        user: UserId,
+        conn: ConnId,
+    },
+}
+
+/// What a user whose snapshot is loading saw meanwhile.
+#[derive(Clone)]
+enum Seen {
+    Job(Arc<Job>),
+    Missed(Arc<Missed>),
+}
+
+/// A lane's gauges, read from other threads.
+#[derive(Default)]
+pub(super) struct LaneCounts {
+    /// Jobs handed to the lane and not yet taken (the backlog).
+    pub(super) queued: AtomicUsize,
+    pub(super) users: AtomicUsize,
+    pub(super) periods: AtomicUsize,
+}
+
+pub(super) struct Lane {
+    routes: Arc<Routes>,
+    counts: Arc<LaneCounts>,
+    presence: Presence<Seen>,
+}
+
+impl Lane {
+    /// A user whose snapshot is loading keeps up to `backlog` batches.
+    pub(super) fn new(routes: Arc<Routes>, counts: Arc<LaneCounts>, backlog: usize) -> Self {
+        Self { routes, counts, presence: Presence::new(backlog) }
+    }
+
+    /// Ends when every sender is dropped.
+    pub(super) fn run(mut self, inputs: Receiver<LaneInput>) {
+        for input in inputs {
+            self.handle(input);
+            let (users, periods) = self.presence.size();
+            self.counts.users.store(users, Ordering::Relaxed);
+            self.counts.periods.store(periods, Ordering::Relaxed);
+        }
+    }
+
+    fn handle(&mut self, input: LaneInput) {
+        match input {
+            LaneInput::Job(job) => {
+                self.counts.queued.fetch_sub(1, Ordering::Relaxed);
+                self.presence.buffer(&Seen::Job(job.clone()));
+                let steps = self.presence.apply(&job.batch());
+                self.push(&job, steps);
+            }
+            LaneInput::Missed(missed) => {
+                self.presence.buffer(&Seen::Missed(missed.clone()));
+                for user in self.presence.missed(&missed.conv, missed.head, &missed.subjects) {
+                    self.close(&user);
+                }
+            }
+            LaneInput::Subscribe { user, device, conn } => {
+                if self.is_route(&user, &device, conn) {
+                    self.presence.subscribe(&user, conn);
+                }
+            }
+            LaneInput::Load { user, device, conn, snapshot } => {
+                // A connection closed meanwhile leaves nothing behind.
+                if !self.is_route(&user, &device, conn) {
+                    return;
+                }
+                match self.presence.load(&user, conn, snapshot) {
+                    Loaded::Ignored => {}
+                    Loaded::Resync => self.close(&user),
+                    Loaded::Replay(seen) => self.replay(&user, seen),
+                }
+            }
+            LaneInput::Unsubscribe { user, conn } => self.presence.unsubscribe(&user, conn),
+        }
+    }
+
+    fn is_route(&self, user: &UserId, device: &DeviceId, conn: ConnId) -> bool {
+        self.routes.route(user, device).is_some_and(|r| r.conn_id == conn)
+    }
+
+    /// Applies what `user` missed while its snapshot loaded, in order.
+    fn replay(&mut self, user: &UserId, seen: Vec<Seen>) {
+        for s in seen {
+            match s {
+                Seen::Job(job) => {
+                    let step = self.presence.apply_for(user, &job.batch());
+                    self.push(&job, vec![(user.clone(), step)]);
+                }
+                Seen::Missed(m) => {
+                    if self.presence.missed_for(user, &m.conv, m.head, &m.subjects) {
+                        self.close(user);
+                    }
+                }
+            }
+            if !self.presence.is_live(user) {
+                return;
+            }
+        }
+    }
+
+    /// Closes every connection of `user` (its state is already dropped):
+    /// each reconnects and syncs (PROTOCOL §4).
+    fn close(&self, user: &UserId) {
+        tracing::debug!(%user, "delivery lost track of a user: its connections resync");
+        for (_, route) in self.routes.routes_of(user) {
+            route.recipient.resync();
+        }
+    }
+
+    /// Pushes `job` as `steps` say: users to resync are closed, the others
+    /// get the events they see (`pull`: one `head`).
+    fn push(&self, job: &Job, steps: Vec<(UserId, Step)>) {
+        let a = &job.appended;
+        let mut groups: HashMap<Vec<usize>, Vec<UserId>> = HashMap::new();
+        for (user, step) in steps {
+            match step {
+                Step::Resync => self.close(&user),
+                Step::Visible(indices) if !indices.is_empty() => groups.entry(indices).or_default().push(user),
+                Step::Visible(_) | Step::Nothing => {}
+            }
+        }
+        if a.delivery_mode == DeliveryMode::Pull {
+            let frame: Arc<str> = push_head(a.conv_id.as_str(), a.head).into();
+            for user in groups.into_values().flatten() {
+                for (_, route) in self.routes.routes_of(&user) {
+                    route.recipient.send(frame.clone());
+                }
+            }
+            return;
+        }
+        for (indices, users) in groups {
+            self.send_events(job, &indices, &users);
+        }
+    }
+
+    /// One frame for everyone, except that a device never gets its own
+    /// messages pushed back (its ack answered it): its frame is spliced from
+    /// the same encoded events, without its own.
+    fn send_events(&self, job: &Job, indices: &[usize], users: &[UserId]) {
+        let (conv, events) = (job.appended.conv_id.as_str(), &job.appended.events);
+        fn sent_by(e: &Event) -> Option<(&UserId, &DeviceId)> {
+            match &e.kind {
+                EventKind::Msg { sender, sender_device, .. } => Some((sender, sender_device)),
+                _ => None,
+            }
+        }
+        let mut shared: Option<Arc<str>> = None;
+        for user in users {
+            for (device, route) in self.routes.routes_of(user) {
+                let encoded = job.encoded.get_or_init(|| events.iter().map(encode_event).collect());
+                let own = |i: usize| sent_by(&events[i]) == Some((user, &device));
+                let frame = if indices.iter().any(|&i| own(i)) {
+                    let rest: Vec<&str> = indices.iter().filter(|&&i| !own(i)).map(|&i| encoded[i].as_str()).collect();
+                    if rest.is_empty() {
+                        continue;
+                    }
+                    Arc::from(push_encoded_events(conv, &rest))
+                } else {
+                    shared
+                        .get_or_insert_with(|| {
+                            let all: Vec<&str> = indices.iter().map(|&i| encoded[i].as_str()).collect();
+                            Arc::from(push_encoded_events(conv, &all))
+                        })
+                        .clone()
+                };
+                route.recipient.send(frame);
+            }
+        }
+    }
+}

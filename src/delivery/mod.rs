@@ -1,0 +1,261 @@
+//! Delivery after commit (ARCHITECTURE §5). A conversation's actor hands each
+//! committed batch here once; the frames are encoded once and shared by every
+//! receiving connection. Nothing here blocks or awaits on a connection: each
+//! connection has a bounded mailbox, and one that overflows is told to close
+//! (the client reconnects and syncs), so a slow device never slows the
+//! conversation or the other devices. Every push frame queued for a
+//! connection also holds its bytes of the global memory budget until the
+//! session writes it (or drops it); a push that does not fit is treated like
+//! an overflow.
+//!
+//! Who receives a batch is decided from what each lane keeps about its
+//! online users' memberships, never from a conversation's member list.
+//!
+//! * `conn` — a connection: its pushes, its close on overflow.
+//! * `presence` — a lane's online users and their memberships (pure).
+//! * `lane` — a lane's thread: batches and subscriptions in, pushes out.
+
+mod conn;
+mod lane;
+mod presence;
+
+use std::future::Future;
+use std::mem;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, LazyLock};
+
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use imcore_actors::registry::ConnId;
+use imcore_actors::{ConvId, DeviceId, Fanout, UserId};
+use tokio::sync::oneshot;
+
+use crate::config::DeliverySettings;
+use crate::metrics::metrics;
+use crate::store::{Appended, Membership};
+pub use conn::{Conn, KickReason, Push, Routes};
+use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
+
+/// Fan-out runs on a few delivery threads ("lanes", `DeliverySettings::lanes`),
+/// never on a conversation actor's thread, so encoding and pushing a batch
+/// never delays the next batch's commit. Every lane sees every batch, in
+/// order, and serves the users that hash to it: a connection is always served
+/// by one lane, so it gets one conversation's events in seq order, and a big
+/// group's fan-out is spread over all lanes. A lane's input is unbounded, but
+/// past `backlog` queued batches a lane gets a small [`Missed`] notice
+/// instead of the batch (counted and logged): the users it concerns resync.
+pub struct Delivery {
+    routes: Arc<Routes>,
+    lanes: Vec<LaneHandle>,
+    backlog: usize,
+    /// Conversations being created whose id is known beforehand (a direct
+    /// chat's, a group's chosen id): their batches wait here until the
+    /// creation's own events are on the lanes. See [`Delivery::hold_creation`].
+    held: DashMap<ConvId, Held>,
+}
+
+struct LaneHandle {
+    input: Sender<LaneInput>,
+    counts: Arc<LaneCounts>,
+}
+
+/// Batches of a conversation whose creation is in progress.
+#[derive(Default)]
+struct Held {
+    /// Creations of this id in progress (two devices may create one direct chat at once).
+    creations: usize,
+    /// In the order they go to the lanes.
+    jobs: Vec<Arc<Job>>,
+}
+
+/// What the lanes keep about online users, all lanes together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tracked {
+    /// Online users (subscribed connections' users).
+    pub users: usize,
+    /// (online user, conversation) pairs.
+    pub periods: usize,
+}
+
+impl Delivery {
+    pub fn new(routes: Arc<Routes>, settings: &DeliverySettings) -> Self {
+        let lanes = (0..settings.lanes.max(1))
+            .map(|lane| {
+                let (input, inputs) = channel::<LaneInput>();
+                let counts = Arc::new(LaneCounts::default());
+                let worker = Lane::new(routes.clone(), counts.clone(), settings.backlog);
+                std::thread::Builder::new()
+                    .name(format!("delivery-{lane}"))
+                    // Ends when the `Delivery` (every sender) is dropped.
+                    .spawn(move || worker.run(inputs))
+                    .map(|_| LaneHandle { input, counts })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_else(|e| panic!("cannot start delivery threads: {e}"));
+        Self { routes, lanes, backlog: settings.backlog, held: DashMap::new() }
+    }
+
+    pub fn routes(&self) -> &Arc<Routes> {
+        &self.routes
+    }
+
+    /// What the lanes keep now (an instant's sum, for gauges and tests).
+    pub fn tracked(&self) -> Tracked {
+        let sum = |f: fn(&LaneCounts) -> usize| self.lanes.iter().map(|l| f(&l.counts)).sum();
+        Tracked { users: sum(|c| c.users.load(Ordering::Relaxed)), periods: sum(|c| c.periods.load(Ordering::Relaxed)) }
+    }
+
+    /// Connection `conn` of `user`'s `device` is routed: its lane starts
+    /// tracking the user. Call before reading the snapshot for
+    /// [`Delivery::load`], so that every batch the snapshot does not reflect
+    /// reaches the lane after this (ARCHITECTURE §5).
+    pub fn subscribe(&self, user: &UserId, device: &DeviceId, conn: ConnId) {
+        let input = LaneInput::Subscribe { user: user.clone(), device: device.clone(), conn };
+        self.to_lane_of(user, input);
+    }
+
+    /// `user`'s memberships, read after [`Delivery::subscribe`] for `conn`.
+    pub fn load(&self, user: &UserId, device: &DeviceId, conn: ConnId, snapshot: Vec<Membership>) {
+        let input = LaneInput::Load { user: user.clone(), device: device.clone(), conn, snapshot };
+        self.to_lane_of(user, input);
+    }
+
+    /// Connection `conn` of `user` is gone.
+    pub fn unsubscribe(&self, user: &UserId, conn: ConnId) {
+        self.to_lane_of(user, LaneInput::Unsubscribe { user: user.clone(), conn });
+    }
+
+    /// Sends `frame` to every live device of `user`.
+    pub fn to_user(&self, user: &UserId, frame: &Arc<str>, except: Option<&DeviceId>) {
+        for (device, route) in self.routes.routes_of(user) {
+            if Some(&device) != except {
+                route.recipient.send(frame.clone());
+            }
+        }
+    }
+
+    fn to_lane_of(&self, user: &UserId, input: LaneInput) {
+        // Fails only once the lane thread is gone (shutdown): nothing to track then.
+        let _ = self.lanes[lane_of(user, self.lanes.len())].input.send(input);
+    }
+
+    /// Taken before the transaction that creates conversation `conv` (its id,
+    /// when known beforehand), released with the events it appended once it
+    /// committed: the creation's events reach the lanes before any batch of
+    /// the conversation, so every connection gets its events in seq order
+    /// even when a member who knew the id sends the moment the creation
+    /// committed (pushing them on the request thread let that send overtake
+    /// them). Dropped unreleased (the creation failed), it lets the held
+    /// batches go.
+    pub fn hold_creation(self: &Arc<Self>, conv: Option<ConvId>) -> CreationHold {
+        if let Some(conv) = &conv {
+            self.held.entry(conv.clone()).or_default().creations += 1;
+        }
+        CreationHold { delivery: self.clone(), conv }
+    }
+
+    /// Hands `job` to every lane, in order; never waits. A lane `backlog`
+    /// jobs behind gets a [`Missed`] notice instead (counted).
+    fn to_lanes(&self, job: Arc<Job>) {
+        let mut missed: Option<Arc<Missed>> = None;
+        for lane in &self.lanes {
+            let input = if lane.counts.queued.fetch_add(1, Ordering::Relaxed) < self.backlog {
+                LaneInput::Job(job.clone())
+            } else {
+                lane.counts.queued.fetch_sub(1, Ordering::Relaxed);
+                metrics().kicks.with_label_values(&["delivery_dropped"]).inc();
+                tracing::warn!(conv_id = %job.appended.conv_id, "delivery lane full: a batch's pushes dropped");
+                LaneInput::Missed(missed.get_or_insert_with(|| Arc::new(Missed::of(&job))).clone())
+            };
+            if lane.input.send(input).is_err() {
+                lane.counts.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Hands the creation's job over (with the held batches once no other
+    /// creation of the id is in progress); resolves once it was pushed.
+    fn release_creation(&self, conv: Option<&ConvId>, created: Option<Appended>) -> Option<oneshot::Receiver<()>> {
+        let (creation, pushed) = match created.filter(|a| !a.events.is_empty()).map(Job::announced) {
+            Some((job, pushed)) => (Some(Arc::new(job)), Some(pushed)),
+            None => (None, None),
+        };
+        let Some(conv) = conv else {
+            creation.into_iter().for_each(|job| self.to_lanes(job));
+            return pushed;
+        };
+        let Entry::Occupied(mut entry) = self.held.entry(conv.clone()) else {
+            return pushed;
+        };
+        let held = entry.get_mut();
+        if let Some(job) = creation {
+            // Its seqs come first: no batch can commit before the creation.
+            held.jobs.insert(0, job);
+        }
+        held.creations -= 1;
+        if held.creations == 0 {
+            // Under the entry's lock: a batch delivered meanwhile waits for
+            // `remove`, then goes to the lanes behind these.
+            for job in mem::take(&mut held.jobs) {
+                self.to_lanes(job);
+            }
+            entry.remove();
+        }
+        pushed
+    }
+}
+
+impl Fanout<Appended> for Delivery {
+    /// Batches of one conversation must come in seq order (one caller at a
+    /// time per conversation, as its actor is).
+    fn deliver(&self, _conv: &ConvId, appended: Appended) {
+        if appended.events.is_empty() {
+            return;
+        }
+        let job = Arc::new(Job::new(appended));
+        if let Some(mut held) = self.held.get_mut(&job.appended.conv_id) {
+            held.jobs.push(job);
+            return;
+        }
+        self.to_lanes(job);
+    }
+}
+
+/// A creation in progress (see [`Delivery::hold_creation`]).
+pub struct CreationHold {
+    delivery: Arc<Delivery>,
+    conv: Option<ConvId>,
+}
+
+impl CreationHold {
+    /// The creation committed and appended `created` (nothing when it found
+    /// the conversation existing). Resolves once those events were pushed to
+    /// the members' connections, so the creator answers after that, as a
+    /// device that connects after the answer gets them from `sync` instead.
+    pub fn release(mut self, created: Option<Appended>) -> impl Future<Output = ()> {
+        let conv = self.conv.take();
+        let pushed = self.delivery.release_creation(conv.as_ref(), created);
+        async move {
+            if let Some(pushed) = pushed {
+                // An error only says the sender was dropped: the job is done.
+                let _ = pushed.await;
+            }
+        }
+    }
+}
+
+impl Drop for CreationHold {
+    fn drop(&mut self) {
+        if let Some(conv) = self.conv.take() {
+            self.delivery.release_creation(Some(&conv), None);
+        }
+    }
+}
+
+/// The lane of `lanes` that serves `user`'s connections.
+fn lane_of(user: &UserId, lanes: usize) -> usize {
+    use std::hash::{BuildHasher, RandomState};
+    static SEED: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    (SEED.hash_one(user) % lanes as u64) as usize
+}
