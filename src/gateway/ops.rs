@@ -488,13 +488,11 @@ async fn create_conversation(state: &AppState, user: &UserId, new: NewConversati
     let hold = state.delivery.hold_creation(req.known_id());
     let created = state.store.create_conversation(&req).await?;
     let info = created.info;
-    // Nobody was a member before: replaying the joins on an empty map gives
-    // each member the events from its own join on.
+    // Each member sees the events from its own join on.
     hold.release((!created.events.is_empty()).then(|| Appended {
         conv_id: info.conv_id.clone(),
         events: created.events,
         head: info.head,
-        members_before: Arc::default(),
         delivery_mode: info.delivery_mode,
     }))
     .await;

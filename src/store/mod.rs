@@ -33,7 +33,7 @@ pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use presence::Membership;
 pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_DEFAULT_MAX_BYTES, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
-    Appended, BatchJob, ConvCache, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, MemberMap, ProfilePatch, SendAck,
+    Appended, BatchJob, ConvCache, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, Roster, SendAck,
     SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
 };
 

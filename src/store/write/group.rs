@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 
 use super::batch::{BatchBuilder, MemberChange};
 use super::ops::{GroupChange, GroupOp, ProfilePatch, WriteOutcome, Written};
-use super::MemberMap;
+use super::Roster;
 use crate::domain::{format_time, EventKind, Permission, Rejection, Role, Standing, DISMISSED_CHANGE};
 
 impl BatchBuilder {
@@ -23,7 +23,7 @@ impl BatchBuilder {
         op: &GroupOp,
         known_users: &HashSet<UserId>,
         applications: &HashSet<UserId>,
-        members: &mut MemberMap,
+        members: &mut Roster,
     ) -> WriteOutcome {
         match op.change {
             GroupChange::Join => self.self_join(&op.actor, applications, members),
@@ -37,7 +37,7 @@ impl BatchBuilder {
         op: &GroupOp,
         known_users: &HashSet<UserId>,
         applications: &HashSet<UserId>,
-        members: &mut MemberMap,
+        members: &mut Roster,
     ) -> WriteOutcome {
         let standing = members.get(&op.actor).cloned().ok_or(Rejection::NotMember)?;
         if !self.group {
@@ -112,7 +112,7 @@ impl BatchBuilder {
         }
     }
 
-    fn target(&self, members: &MemberMap, user: &UserId) -> Result<Standing, Rejection> {
+    fn target(&self, members: &Roster, user: &UserId) -> Result<Standing, Rejection> {
         members.get(user).cloned().ok_or(Rejection::NotFound("member"))
     }
 
@@ -122,14 +122,7 @@ impl BatchBuilder {
     }
 
     /// `user` now stands as `standing`: its row, the cache and the event.
-    fn stand(
-        &mut self,
-        actor: &UserId,
-        user: &UserId,
-        standing: Standing,
-        change: Value,
-        m: &mut MemberMap,
-    ) -> Written {
+    fn stand(&mut self, actor: &UserId, user: &UserId, standing: Standing, change: Value, m: &mut Roster) -> Written {
         m.insert(user.clone(), standing.clone());
         self.member_changes.push(MemberChange::Standing { user: user.clone(), standing });
         self.membership_changes += 1;
@@ -137,7 +130,7 @@ impl BatchBuilder {
     }
 
     /// `transfer_owner`: the owner hands over to a current member and becomes an admin.
-    fn transfer(&mut self, caller: (&UserId, &Standing), user: &UserId, members: &mut MemberMap) -> WriteOutcome {
+    fn transfer(&mut self, caller: (&UserId, &Standing), user: &UserId, members: &mut Roster) -> WriteOutcome {
         let (actor, standing) = caller;
         if standing.role != Role::Owner {
             return Err(Rejection::Forbidden("only the owner transfers ownership"));

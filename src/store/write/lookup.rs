@@ -1,7 +1,6 @@
 //! The reads of a write transaction, under the conversation row locks.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ClientMsgId, ConvId, UserId};
@@ -9,7 +8,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
-use super::{BatchJob, MemberMap};
+use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
 use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
 use crate::store::StoreError;
 
@@ -79,8 +78,10 @@ SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.re
                       WHERE k.purged AND conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c) t ON true
  WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
 
-const LOAD_MEMBERS: &str = "SELECT conv_id, user_id, role, mute_until, role_until, extra_perms FROM members
-                             WHERE conv_id = ANY($1::text[])";
+/// The standings of (conversation, user) pairs, by primary key.
+const LOAD_STANDINGS: &str = "
+SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms FROM members m
+  JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
 
 const LOOKUP_APPLICATIONS: &str = "
 SELECT a.conv_id, a.user_id FROM group_applications a
@@ -198,45 +199,58 @@ pub(super) async fn lookup_request_keys(
     Ok(prior)
 }
 
-/// Reloads the member map of each job whose cache is stale or empty.
-pub(super) async fn load_members(
+/// Brings each job's roster up to the users its ops name: a cache whose
+/// `member_version` is not the row's starts empty, and the standings of the
+/// users it does not know are read by primary key, for every job at once.
+pub(super) async fn load_standings(
     tx: &Transaction<'_>,
     jobs: &mut [BatchJob],
     rows: &HashMap<ConvId, ConvRow>,
 ) -> Result<(), StoreError> {
-    // The row's version where the job's cache does not have it.
-    let stale = |job: &BatchJob| {
-        rows.get(&job.conv).map(|row| row.member_version).filter(|&v| job.cache.member_version != Some(v))
-    };
-    let reload: Vec<&str> = jobs.iter().filter(|j| stale(j).is_some()).map(|j| j.conv.as_str()).collect();
-    if reload.is_empty() {
-        return Ok(());
-    }
-    let found = tx.query_typed(LOAD_MEMBERS, &[(&reload, Type::TEXT_ARRAY)]).await?;
-    let mut loaded = member_rows(&found);
+    let (mut convs, mut users) = (vec![], vec![]);
     for job in jobs.iter_mut() {
-        if let Some(version) = stale(job) {
-            job.cache.members = Arc::new(loaded.remove(&job.conv).unwrap_or_default());
-            job.cache.member_version = Some(version);
+        let Some(row) = rows.get(&job.conv) else { continue };
+        let cache = &mut job.cache;
+        if cache.member_version != Some(row.member_version) {
+            *cache = ConvCache { member_version: Some(row.member_version), roster: Roster::default() };
+        }
+        let named: HashSet<&UserId> = job.ops.iter().flat_map(WriteOp::users).collect();
+        let unknown: Vec<&UserId> = named.iter().copied().filter(|u| !cache.roster.knows(u)).collect();
+        if cache.roster.len() + unknown.len() > ROSTER_CACHE_USERS {
+            cache.roster = Roster::default();
+        }
+        for u in named.into_iter().filter(|u| !cache.roster.knows(u)) {
+            convs.push(job.conv.as_str());
+            users.push(u.as_str());
         }
     }
-    Ok(())
-}
-
-pub(super) fn member_rows(rows: &[tokio_postgres::Row]) -> HashMap<ConvId, MemberMap> {
-    let mut maps: HashMap<ConvId, MemberMap> = HashMap::new();
-    for r in rows {
-        let (Ok(conv), Ok(user)) = (ConvId::parse(r.get(0)), UserId::parse(r.get(1))) else { continue };
-        let role = r.get::<_, &str>(2).parse().unwrap_or(Role::Member);
+    if users.is_empty() {
+        return Ok(());
+    }
+    let found = tx.query_typed(LOAD_STANDINGS, &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY)]).await?;
+    let mut standings: HashMap<(&str, &str), Standing> = HashMap::with_capacity(found.len());
+    for r in &found {
         let standing = Standing {
-            role,
+            role: r.get::<_, &str>(2).parse().unwrap_or(Role::Member),
             mute_until: r.get(3),
             role_until: r.get(4),
             extra_perms: r.get::<_, i32>(5).max(0) as u32,
         };
-        maps.entry(conv).or_default().insert(user, standing);
+        standings.insert((r.get(0), r.get(1)), standing);
     }
-    maps
+    for job in jobs.iter_mut() {
+        let (conv, roster) = (job.conv.as_str(), &mut job.cache.roster);
+        let named: Vec<UserId> = job.ops.iter().flat_map(WriteOp::users).cloned().collect();
+        for user in named {
+            if !roster.knows(&user) {
+                match standings.get(&(conv, user.as_str())).cloned() {
+                    Some(standing) => roster.insert(user, standing),
+                    None => roster.remove(&user),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Which of the users that `ops` want to add exist (a join or invite of an

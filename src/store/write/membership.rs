@@ -9,11 +9,11 @@ use imcore_actors::UserId;
 
 use super::batch::{BatchBuilder, MemberChange};
 use super::ops::{Invited, JoinOp, LeaveOp, WriteOutcome, Written};
-use super::MemberMap;
+use super::Roster;
 use crate::domain::{EventKind, JoinMode, LeaveReason, Permission, Rejection, Role, Standing};
 
 impl BatchBuilder {
-    pub(super) fn join(&mut self, op: &JoinOp, known_users: &HashSet<UserId>, members: &mut MemberMap) -> WriteOutcome {
+    pub(super) fn join(&mut self, op: &JoinOp, known_users: &HashSet<UserId>, members: &mut Roster) -> WriteOutcome {
         if self.dismissed {
             return Err(Rejection::ConvDismissed);
         }
@@ -30,7 +30,7 @@ impl BatchBuilder {
         Ok(Written::Joined { seq })
     }
 
-    pub(super) fn leave(&mut self, op: &LeaveOp, members: &mut MemberMap) -> WriteOutcome {
+    pub(super) fn leave(&mut self, op: &LeaveOp, members: &mut Roster) -> WriteOutcome {
         if !members.contains_key(&op.user) {
             return Err(Rejection::NotMember);
         }
@@ -48,7 +48,7 @@ impl BatchBuilder {
         users: &[UserId],
         known_users: &HashSet<UserId>,
         applications: &HashSet<UserId>,
-        members: &mut MemberMap,
+        members: &mut Roster,
     ) -> WriteOutcome {
         let (actor, standing) = caller;
         let may_add = standing.can(self.join_mode, self.now, Permission::Invite);
@@ -87,7 +87,7 @@ impl BatchBuilder {
         &mut self,
         user: &UserId,
         applications: &HashSet<UserId>,
-        members: &mut MemberMap,
+        members: &mut Roster,
     ) -> WriteOutcome {
         if !self.group || self.join_mode == JoinMode::Invite {
             return Err(Rejection::NotMember);
@@ -117,7 +117,7 @@ impl BatchBuilder {
         user: &UserId,
         accept: bool,
         applications: &HashSet<UserId>,
-        members: &mut MemberMap,
+        members: &mut Roster,
     ) -> WriteOutcome {
         if !caller.1.is_manager(self.now) {
             return Err(Rejection::Forbidden("only the owner and admins decide applications"));
@@ -140,7 +140,7 @@ impl BatchBuilder {
     }
 
     /// `leave` of the caller: any member but the owner.
-    pub(super) fn self_leave(&mut self, caller: (&UserId, &Standing), members: &mut MemberMap) -> WriteOutcome {
+    pub(super) fn self_leave(&mut self, caller: (&UserId, &Standing), members: &mut Roster) -> WriteOutcome {
         if caller.1.role == Role::Owner {
             return Err(Rejection::Forbidden("the owner cannot leave: transfer ownership or dismiss the group first"));
         }
@@ -148,12 +148,7 @@ impl BatchBuilder {
     }
 
     /// `kick`: `KICK`; never oneself or the owner; an admin only by the owner.
-    pub(super) fn kick(
-        &mut self,
-        caller: (&UserId, &Standing),
-        user: &UserId,
-        members: &mut MemberMap,
-    ) -> WriteOutcome {
+    pub(super) fn kick(&mut self, caller: (&UserId, &Standing), user: &UserId, members: &mut Roster) -> WriteOutcome {
         let (actor, standing) = caller;
         if !standing.can(self.join_mode, self.now, Permission::Kick) {
             return Err(Rejection::Forbidden("your role may not kick"));
@@ -172,7 +167,7 @@ impl BatchBuilder {
     }
 
     /// Appends the `join` of `user` and opens its period there.
-    fn open(&mut self, user: &UserId, actor: &UserId, role: Role, members: &mut MemberMap) -> i64 {
+    fn open(&mut self, user: &UserId, actor: &UserId, role: Role, members: &mut Roster) -> i64 {
         let seq = self.append(EventKind::Join { subject: user.clone(), actor: actor.clone() });
         members.insert(user.clone(), Standing::new(role));
         self.member_count += 1;
@@ -182,7 +177,7 @@ impl BatchBuilder {
     }
 
     /// Appends the `leave` of `user` and closes its period there (inclusive).
-    fn close(&mut self, user: &UserId, actor: &UserId, reason: LeaveReason, members: &mut MemberMap) -> i64 {
+    fn close(&mut self, user: &UserId, actor: &UserId, reason: LeaveReason, members: &mut Roster) -> i64 {
         let seq = self.append(EventKind::Leave { subject: user.clone(), actor: actor.clone(), reason });
         members.remove(user);
         self.member_count -= 1;

@@ -3,12 +3,16 @@
 //! commit stage, `merged`). The `direct` write path runs it with one op.
 //!
 //! Round trips: lock; one replay + tombstone lookup for every request key of the
-//! batch; the member map where the cache is stale; membership changes, if any;
-//! one multi-row INSERT with the `next_seq` UPDATE; COMMIT.
+//! batch; the standings of the users the ops name that the cache does not
+//! know; for group ops, which invitees exist and their applications; the
+//! membership and settings changes, if any; one multi-row INSERT with the
+//! `next_seq` UPDATE; COMMIT.
 //!
-//! * `lookup` — the reads under the lock: rows, request keys, members, users.
-//! * `batch` — the batch being built: seqs, events, membership changes;
-//!   `send` and `membership` hold the rules of each op.
+//! * `ops` — the write requests and their outcomes.
+//! * `lookup` — the reads under the lock: rows, request keys, standings, users.
+//! * `batch` — the batch being built (pure: unit-tested without a database);
+//!   `send`, `membership` and `group` hold the rules of each op.
+//! * `member_rows` — the SQL of membership and settings changes.
 //! * `append` — the one INSERT of every event and the row updates.
 //! * `merged` — the commit stage's transaction: what happens to each job of
 //!   it (committed, left out because its row is held elsewhere, rolled back).
@@ -24,7 +28,6 @@ mod ops;
 mod send;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Instant;
 
 use imcore_actors::{ConvId, UserId};
@@ -35,7 +38,7 @@ use crate::domain::{DeliveryMode, Event, Rejection, Standing};
 use append::append_events;
 use batch::BatchBuilder;
 use lookup::{
-    load_members, lock_conversations, lookup_applications, lookup_joiners, lookup_request_keys, ConvRow, LockMode,
+    load_standings, lock_conversations, lookup_applications, lookup_joiners, lookup_request_keys, ConvRow, LockMode,
 };
 use member_rows::{write_conv_patch, write_member_changes};
 pub(super) use merged::Share;
@@ -58,23 +61,63 @@ pub struct Appended {
     pub events: Vec<Event>,
     /// The conversation's head after the batch.
     pub head: i64,
-    /// The complete member map before the batch: replaying the batch's
-    /// join/leave events on it gives who sees each event.
-    pub members_before: Arc<MemberMap>,
     pub delivery_mode: DeliveryMode,
 }
 
-/// Current members and where each stands.
-pub type MemberMap = HashMap<UserId, Standing>;
+/// Most users whose standing a conversation's cache keeps; past it the
+/// cache starts again from the users of the batch at hand.
+pub const ROSTER_CACHE_USERS: usize = 4096;
 
-/// What a conversation actor keeps between batches: the whole member map, valid
-/// while `member_version` matches the locked row (every membership, role or
-/// mute change bumps it). A stale or empty (`Default`) cache costs a reload
-/// inside the same transaction, never a wrong answer.
+/// Where the users that a conversation's batches named stand: a current
+/// member's [`Standing`], or `None` for someone known not to be one. Never
+/// the whole member list: a batch looks up, by primary key, only the users
+/// its ops name that this does not know (ARCHITECTURE §9).
+#[derive(Debug, Clone, Default)]
+pub struct Roster {
+    known: HashMap<UserId, Option<Standing>>,
+}
+
+impl Roster {
+    /// `user`'s standing if it is a current member. Only meaningful for a
+    /// user the batch's lookup covered.
+    pub fn get(&self, user: &UserId) -> Option<&Standing> {
+        self.known.get(user).and_then(Option::as_ref)
+    }
+
+    pub fn contains_key(&self, user: &UserId) -> bool {
+        self.get(user).is_some()
+    }
+
+    pub fn insert(&mut self, user: UserId, standing: Standing) {
+        self.known.insert(user, Some(standing));
+    }
+
+    pub fn remove(&mut self, user: &UserId) {
+        self.known.insert(user.clone(), None);
+    }
+
+    fn knows(&self, user: &UserId) -> bool {
+        self.known.contains_key(user)
+    }
+
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+}
+
+/// What a conversation actor keeps between batches: the [`Roster`] of the
+/// users its batches named, valid while `member_version` matches the locked
+/// row (every membership, role or mute change bumps it). A stale or empty
+/// (`Default`) cache costs a lookup inside the same transaction, never a
+/// wrong answer.
 #[derive(Debug, Clone, Default)]
 pub struct ConvCache {
     member_version: Option<i64>,
-    members: Arc<MemberMap>,
+    roster: Roster,
 }
 
 /// Times the phases of a write transaction into `metrics::write_phase`.
@@ -160,7 +203,7 @@ async fn apply_batches(
     rows: &HashMap<ConvId, ConvRow>,
     phase: &mut Phase,
 ) -> Result<Vec<WrittenBatch>, StoreError> {
-    load_members(tx, jobs, rows).await?;
+    load_standings(tx, jobs, rows).await?;
     let prior = lookup_request_keys(tx, jobs, rows).await?;
     let known_users = lookup_joiners(tx, jobs).await?;
     let applications = lookup_applications(tx, jobs).await?;
@@ -173,27 +216,21 @@ async fn apply_batches(
         let Some(row) = rows.get(&job.conv) else {
             // No existence leak: an unknown conversation answers like a non-member.
             let outcomes = job.ops.iter().map(|_| Err(Rejection::NotMember)).collect();
-            let appended = Appended {
-                conv_id: job.conv.clone(),
-                events: vec![],
-                head: 0,
-                members_before: Arc::default(),
-                delivery_mode: DeliveryMode::Push,
-            };
+            let appended =
+                Appended { conv_id: job.conv.clone(), events: vec![], head: 0, delivery_mode: DeliveryMode::Push };
             written.push(WrittenBatch { outcomes, appended });
             continue;
         };
         let cache = &mut job.cache;
-        let members_before = cache.members.clone();
         let mut b = BatchBuilder::new(&job.conv, row);
         let applications = applications.get(&job.conv).unwrap_or(&no_applications);
         let mut outcomes = Vec::with_capacity(job.ops.len());
         for op in &job.ops {
             let outcome = match op {
-                WriteOp::Send(s) => b.send(s, &prior, &cache.members),
-                WriteOp::Join(j) => b.join(j, &known_users, Arc::make_mut(&mut cache.members)),
-                WriteOp::Leave(l) => b.leave(l, Arc::make_mut(&mut cache.members)),
-                WriteOp::Group(g) => b.group(g, &known_users, applications, Arc::make_mut(&mut cache.members)),
+                WriteOp::Send(s) => b.send(s, &prior, &cache.roster),
+                WriteOp::Join(j) => b.join(j, &known_users, &mut cache.roster),
+                WriteOp::Leave(l) => b.leave(l, &mut cache.roster),
+                WriteOp::Group(g) => b.group(g, &known_users, applications, &mut cache.roster),
             };
             outcomes.push(outcome);
         }
@@ -204,7 +241,6 @@ async fn apply_batches(
             conv_id: job.conv.clone(),
             head: b.next_seq - 1,
             events: Vec::new(),
-            members_before,
             delivery_mode: b.delivery_mode,
         };
         written.push(WrittenBatch { outcomes, appended });

@@ -22,6 +22,37 @@ pub enum WriteOp {
     Group(GroupOp),
 }
 
+impl WriteOp {
+    /// Every user whose standing in the conversation the op's rules read:
+    /// the caller, and the users it names.
+    pub fn users(&self) -> Vec<&UserId> {
+        match self {
+            WriteOp::Send(s) => vec![&s.sender],
+            WriteOp::Join(j) => vec![&j.user],
+            WriteOp::Leave(l) => vec![&l.user],
+            WriteOp::Group(GroupOp { actor, change }) => {
+                let mut users = vec![actor];
+                match change {
+                    GroupChange::Invite(named) => users.extend(named),
+                    GroupChange::Approve(u)
+                    | GroupChange::Reject(u)
+                    | GroupChange::Kick(u)
+                    | GroupChange::TransferOwner(u)
+                    | GroupChange::SetRole { user: u, .. }
+                    | GroupChange::SetPerms { user: u, .. }
+                    | GroupChange::Mute { user: u, .. } => users.push(u),
+                    GroupChange::Join
+                    | GroupChange::Leave
+                    | GroupChange::SetAlias(_)
+                    | GroupChange::Update(_)
+                    | GroupChange::Dismiss => {}
+                }
+                users
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SendOp {
     pub sender: UserId,

@@ -7,17 +7,12 @@ use uuid::Uuid;
 use super::batch::BatchBuilder;
 use super::lookup::{Prior, RequestKey, SendAckWithHash};
 use super::ops::{SendAck, SendOp, WriteOutcome, Written};
-use super::MemberMap;
+use super::Roster;
 use crate::domain::{EventKind, Permission, Rejection};
 
 impl BatchBuilder {
     /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → mute → permission → append.
-    pub(super) fn send(
-        &mut self,
-        op: &SendOp,
-        prior: &HashMap<RequestKey, Prior>,
-        members: &MemberMap,
-    ) -> WriteOutcome {
+    pub(super) fn send(&mut self, op: &SendOp, prior: &HashMap<RequestKey, Prior>, members: &Roster) -> WriteOutcome {
         let key = (self.conv.clone(), op.sender.clone(), op.client_msg_id.clone());
         let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
         if let Some(earlier) = earlier {
