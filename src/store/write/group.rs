@@ -195,3 +195,118 @@ impl BatchBuilder {
         Ok(self.changed(actor, json!({ "profile": change })))
     }
 }
+
+/// The rules without a database: a builder over a locked row as the lookups
+/// would have found it.
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use chrono::{Duration, Utc};
+    use imcore_actors::{ConvId, UserId};
+
+    use super::super::batch::{BatchBuilder, MemberChange};
+    use super::super::lookup::ConvRow;
+    use super::super::ops::{GroupChange, GroupOp, Invited, Written};
+    use super::super::Roster;
+    use crate::domain::{DeliveryMode, JoinMode, Rejection, Role, Standing};
+
+    fn uid(s: &str) -> UserId {
+        UserId::parse(s).expect("id")
+    }
+
+    /// A group of owner `o`, admin `a`, members `m` and `n`, as of seq 4.
+    fn arrange(join_mode: JoinMode) -> (BatchBuilder, Roster) {
+        let row = ConvRow {
+            group: true,
+            dismissed: false,
+            next_seq: 5,
+            member_version: 1,
+            member_count: 4,
+            max_member: 5,
+            mute_all: false,
+            join_mode,
+            delivery_mode: DeliveryMode::Push,
+            purged: false,
+            now: Utc::now(),
+        };
+        let mut roster = Roster::default();
+        for (u, role) in [("o", Role::Owner), ("a", Role::Admin), ("m", Role::Member), ("n", Role::Member)] {
+            roster.insert(uid(u), Standing::new(role));
+        }
+        (BatchBuilder::new(&ConvId::parse("g").expect("id"), &row), roster)
+    }
+
+    fn op(b: &mut BatchBuilder, r: &mut Roster, actor: &str, change: GroupChange) -> Result<Written, Rejection> {
+        let known: HashSet<UserId> = ["o", "a", "m", "n", "x", "y"].into_iter().map(uid).collect();
+        b.group(&GroupOp { actor: uid(actor), change }, &known, &HashSet::new(), r)
+    }
+
+    #[test]
+    fn an_invite_joins_skips_members_and_refuses_whole_past_max_member() {
+        let (mut b, mut r) = arrange(JoinMode::Invite);
+        let full = op(&mut b, &mut r, "m", GroupChange::Invite(vec![uid("x"), uid("y")]));
+        assert_eq!(full, Err(Rejection::GroupFull));
+        assert!(b.events.is_empty() && b.member_changes.is_empty(), "a refused invite changes nothing");
+        let invited = op(&mut b, &mut r, "m", GroupChange::Invite(vec![uid("n"), uid("x")]));
+        let expect = Invited { joined: vec![uid("x")], pending: vec![], skipped: vec![uid("n")], head: 5 };
+        assert_eq!(invited, Ok(Written::Invited(expect)));
+        assert_eq!((b.member_count, b.next_seq), (5, 6));
+        assert!(r.contains_key(&uid("x")));
+    }
+
+    #[test]
+    fn a_plain_member_of_an_approval_group_files_applications() {
+        let (mut b, mut r) = arrange(JoinMode::Approval);
+        let invited = op(&mut b, &mut r, "m", GroupChange::Invite(vec![uid("x")]));
+        let expect = Invited { joined: vec![], pending: vec![uid("x")], skipped: vec![], head: 4 };
+        assert_eq!(invited, Ok(Written::Invited(expect)));
+        assert!(matches!(b.member_changes.as_slice(), [MemberChange::Apply { .. }]));
+        assert_eq!(
+            op(&mut b, &mut r, "m", GroupChange::Approve(uid("x"))),
+            Err(Rejection::Forbidden("only the owner and admins decide applications"))
+        );
+        assert_eq!(op(&mut b, &mut r, "a", GroupChange::Approve(uid("x"))), Ok(Written::Joined { seq: 5 }));
+        assert_eq!(op(&mut b, &mut r, "a", GroupChange::Approve(uid("x"))), Err(Rejection::NotFound("application")));
+    }
+
+    #[test]
+    fn role_rules_protect_the_owner_and_admins() {
+        let (mut b, mut r) = arrange(JoinMode::Invite);
+        let forbidden = |res: Result<Written, Rejection>| matches!(res, Err(Rejection::Forbidden(_)));
+        assert!(forbidden(op(&mut b, &mut r, "a", GroupChange::Kick(uid("o")))));
+        assert!(forbidden(op(&mut b, &mut r, "a", GroupChange::Kick(uid("a")))));
+        assert!(forbidden(op(&mut b, &mut r, "a", GroupChange::Mute { user: uid("o"), until: None })));
+        assert!(forbidden(op(&mut b, &mut r, "m", GroupChange::Kick(uid("n")))));
+        assert!(forbidden(op(&mut b, &mut r, "o", GroupChange::Leave)));
+        assert_eq!(op(&mut b, &mut r, "a", GroupChange::Kick(uid("x"))), Err(Rejection::NotFound("member")));
+        assert_eq!(op(&mut b, &mut r, "x", GroupChange::Leave), Err(Rejection::NotMember));
+        assert_eq!(op(&mut b, &mut r, "o", GroupChange::Kick(uid("a"))), Ok(Written::Left { seq: 5 }));
+        assert_eq!(op(&mut b, &mut r, "a", GroupChange::Leave), Err(Rejection::NotMember), "kicked in this batch");
+    }
+
+    #[test]
+    fn a_temporary_admin_loses_its_bits_at_until() {
+        let (mut b, mut r) = arrange(JoinMode::Invite);
+        let until = b.now + Duration::milliseconds(1);
+        let set = GroupChange::SetRole { user: uid("m"), role: Role::Admin, until: Some(until) };
+        assert_eq!(op(&mut b, &mut r, "o", set), Ok(Written::Changed { seq: 5 }));
+        assert_eq!(op(&mut b, &mut r, "m", GroupChange::Kick(uid("n"))), Ok(Written::Left { seq: 6 }));
+        b.now = until;
+        let late = op(&mut b, &mut r, "m", GroupChange::Kick(uid("o")));
+        assert_eq!(late, Err(Rejection::Forbidden("your role may not kick")));
+    }
+
+    #[test]
+    fn a_dismissed_group_refuses_every_write_but_keeps_its_roster() {
+        let (mut b, mut r) = arrange(JoinMode::Free);
+        assert_eq!(
+            op(&mut b, &mut r, "a", GroupChange::Dismiss),
+            Err(Rejection::Forbidden("only the owner dismisses the group"))
+        );
+        assert_eq!(op(&mut b, &mut r, "o", GroupChange::Dismiss), Ok(Written::Changed { seq: 5 }));
+        assert_eq!(op(&mut b, &mut r, "m", GroupChange::Leave), Err(Rejection::ConvDismissed));
+        assert_eq!(op(&mut b, &mut r, "x", GroupChange::Join), Err(Rejection::ConvDismissed));
+        assert!(r.contains_key(&uid("m")));
+    }
+}
