@@ -60,6 +60,9 @@ pub struct Config {
     #[command(flatten)]
     pub limits: LimitSettings,
 
+    #[command(flatten)]
+    pub retention: RetentionSettings,
+
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "IMCORE_WORKERS", default_value_t = 0)]
     pub workers: usize,
@@ -90,6 +93,7 @@ impl Config {
             engine: EngineSettings::default(),
             ws: WsSettings::default(),
             limits: LimitSettings::default(),
+            retention: RetentionSettings::default(),
             workers: 0,
             log: "warn".into(),
             sync_max_bytes: SYNC_DEFAULT_MAX_BYTES,
@@ -330,6 +334,53 @@ pub struct LimitSettings {
 impl Default for LimitSettings {
     fn default() -> Self {
         Self { memory_budget_bytes: 512 * 1024 * 1024, create_per_minute: 60 }
+    }
+}
+
+/// The retention purge (P9): how often, how much per transaction, and how
+/// long tombstones of purged sends are kept.
+#[derive(Debug, Clone, Args)]
+pub struct RetentionSettings {
+    /// Ms between purge runs; 0: only on `POST /v1/admin/retention/run`.
+    #[arg(
+        long = "retention-interval-ms",
+        value_name = "MS",
+        env = "IMCORE_RETENTION_INTERVAL_MS",
+        default_value_t = RetentionSettings::default().interval_ms
+    )]
+    pub interval_ms: u64,
+
+    /// Events purged per transaction: how long a purge holds a
+    /// conversation's row lock, and so delays its writes, at most.
+    #[arg(
+        long = "retention-chunk",
+        value_name = "EVENTS",
+        env = "IMCORE_RETENTION_CHUNK",
+        default_value_t = RetentionSettings::default().chunk
+    )]
+    pub chunk: i64,
+
+    /// Ms a tombstone is kept after its send was purged; 0: forever. Past
+    /// it, a retry of that send arriving even later would append it again.
+    #[arg(
+        long = "tombstone-horizon-ms",
+        value_name = "MS",
+        env = "IMCORE_TOMBSTONE_HORIZON_MS",
+        default_value_t = RetentionSettings::default().tombstone_horizon_ms
+    )]
+    pub tombstone_horizon_ms: u64,
+}
+
+impl RetentionSettings {
+    /// The horizon, `None` for forever.
+    pub fn tombstone_horizon(&self) -> Option<i64> {
+        (self.tombstone_horizon_ms > 0).then(|| self.tombstone_horizon_ms.min(i64::MAX as u64) as i64)
+    }
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        Self { interval_ms: 60_000, chunk: 1_000, tombstone_horizon_ms: 0 }
     }
 }
 

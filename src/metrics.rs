@@ -50,6 +50,10 @@ pub struct Metrics {
     /// Requests whose work is running now (both transports); held by a
     /// [`Running`] guard, so a finished or dropped request always leaves it.
     pub requests_running: IntGauge,
+    /// `what`: `events_purged`, `tombstones_written`, `tombstones_expired` by retention.
+    pub retention: IntCounterVec,
+    /// Seconds per retention run.
+    pub retention_run: Histogram,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -108,6 +112,16 @@ fn build() -> Result<Metrics, prometheus::Error> {
     )?;
     registry.register(Box::new(memory_budget.clone()))?;
     registry.register(Box::new(requests_running.clone()))?;
+    let retention = IntCounterVec::new(
+        Opts::new("retention_total", "Retention: what=events_purged|tombstones_written|tombstones_expired"),
+        &["what"],
+    )?;
+    let retention_run = Histogram::with_opts(
+        HistogramOpts::new("retention_run_seconds", "Time per retention run")
+            .buckets(vec![0.01, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0]),
+    )?;
+    registry.register(Box::new(retention.clone()))?;
+    registry.register(Box::new(retention_run.clone()))?;
     Ok(Metrics {
         registry,
         requests,
@@ -123,6 +137,8 @@ fn build() -> Result<Metrics, prometheus::Error> {
         pool,
         memory_budget,
         requests_running,
+        retention,
+        retention_run,
     })
 }
 
@@ -188,6 +204,14 @@ impl Drop for Running {
     fn drop(&mut self) {
         METRICS.requests_running.dec();
     }
+}
+
+pub fn observe_purge(report: &crate::store::PurgeReport, elapsed: Duration) {
+    let m = &METRICS.retention;
+    m.with_label_values(&["events_purged"]).inc_by(report.events_purged);
+    m.with_label_values(&["tombstones_written"]).inc_by(report.tombstones_written);
+    m.with_label_values(&["tombstones_expired"]).inc_by(report.tombstones_expired);
+    METRICS.retention_run.observe(elapsed.as_secs_f64());
 }
 
 pub fn observe_send(elapsed: Duration) {

@@ -15,7 +15,7 @@ use actix_web::{web, App, HttpServer};
 use rand::RngCore;
 use tokio::sync::Notify;
 
-use crate::config::{Config, SHUTDOWN_GRACE};
+use crate::config::{Config, RetentionSettings, SHUTDOWN_GRACE};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
 use crate::store::{Store, StoreError};
@@ -105,6 +105,7 @@ impl Application {
         let handle = server.handle();
         // Polled on its own task: the handle's commands are served by it.
         let mut running = actix_web::rt::spawn(server);
+        let purging = actix_web::rt::spawn(purge_periodically(state.store.clone(), state.config.retention.clone()));
         let joined = |r: Result<std::io::Result<()>, tokio::task::JoinError>| {
             r.unwrap_or_else(|e| Err(std::io::Error::other(e)))
         };
@@ -116,6 +117,8 @@ impl Application {
             () = shutdown_requested(&trigger) => {}
         }
         tracing::info!("graceful shutdown: stop accepting, tell sessions");
+        // A purge cut short loses nothing: each chunk is its own transaction.
+        purging.abort();
         handle.pause().await;
         state.begin_shutdown();
         let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
@@ -129,6 +132,28 @@ impl Application {
         drop(embedded_pg);
         tracing::info!("stopped");
         result
+    }
+}
+
+/// Runs the retention purge every `interval_ms` (never with 0) until aborted.
+async fn purge_periodically(store: Store, settings: RetentionSettings) {
+    if settings.interval_ms == 0 {
+        return;
+    }
+    let mut ticks = tokio::time::interval(Duration::from_millis(settings.interval_ms));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await; // the first tick is now: wait a whole interval first
+    loop {
+        ticks.tick().await;
+        match store.purge_expired(settings.chunk, settings.tombstone_horizon()).await {
+            Ok(report) if report.events_purged > 0 || report.tombstones_expired > 0 => {
+                tracing::info!(?report, "retention purge")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %crate::store::Report(&e), "retention purge failed; retried next interval")
+            }
+        }
     }
 }
 

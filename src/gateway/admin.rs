@@ -70,8 +70,22 @@ async fn bump_epoch(state: web::Data<AppState>, req: HttpRequest) -> Result<Http
     Ok(HttpResponse::Ok().json(json!({ "conv_id": conv.as_str(), "epoch": epoch })))
 }
 
+/// Runs the retention purge now → `{"conversations","events_purged","tombstones_written"}`.
+async fn run_retention(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    auth::admin(&state, &req)?;
+    let settings = &state.config.retention;
+    let report = state.store.purge_expired(settings.chunk, settings.tombstone_horizon()).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "conversations": report.conversations,
+        "events_purged": report.events_purged,
+        "tombstones_written": report.tombstones_written,
+        "tombstones_expired": report.tombstones_expired,
+    })))
+}
+
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/v1/admin/users", vec![(Method::POST, web::to(create_user))]))
         .service(resource("/v1/admin/users/{user_id}/devices", vec![(Method::POST, web::to(issue_device))]))
-        .service(resource("/v1/admin/conversations/{conv_id}/epoch", vec![(Method::POST, web::to(bump_epoch))]));
+        .service(resource("/v1/admin/conversations/{conv_id}/epoch", vec![(Method::POST, web::to(bump_epoch))]))
+        .service(resource("/v1/admin/retention/run", vec![(Method::POST, web::to(run_retention))]));
 }

@@ -142,16 +142,16 @@ pub fn parse_applications(f: &Fields<'_>) -> Result<(Option<UserId>, i64), ApiEr
     Ok((after, f.int_in("limit", 1, MEMBERS_MAX_LIMIT)?.unwrap_or(MEMBERS_DEFAULT_LIMIT)))
 }
 
-/// The result object of a group op (PROTOCOL §5 table); `join` tells a
-/// `join` that filed an application (`{"pending":true}`) from a `reject` (`{}`).
-pub fn written_json(written: &Written, join: bool) -> Value {
+/// The result object of a group op or recall (PROTOCOL §5 table).
+pub fn written_json(written: &Written) -> Value {
     match written {
         Written::Joined { seq } | Written::Left { seq } | Written::Changed { seq } => json!({ "seq": seq }),
         Written::Invited(Invited { joined, pending, skipped, head }) => {
             json!({"joined": joined, "pending": pending, "skipped": skipped, "head": head})
         }
-        Written::Applied if join => json!({"pending": true}),
-        Written::Applied => json!({}),
+        Written::Pending => json!({"pending": true}),
+        Written::Rejected => json!({}),
+        Written::Recalled(ack) => json!({"seq": ack.seq, "dup": ack.dup}),
         Written::Sent(ack) => json!({ "seq": ack.seq }),
     }
 }

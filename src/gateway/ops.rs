@@ -26,9 +26,10 @@ use crate::domain::{
 use crate::metrics::{metrics, observe_send, Running};
 use crate::protocol::{conversation_json, event_json, push_read, send_ack_json, ErrorCode};
 use crate::store::{
-    Appended, CreateConversation, GroupChange, GroupOp, GroupSettings, SendOp, SyncRequest, TokenOwner, WriteOp,
-    Written, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
+    Appended, CreateConversation, GroupChange, GroupOp, GroupSettings, RecallOp, SendOp, SyncRequest, TokenOwner,
+    WriteOp, Written, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
+use crate::writer::WriteFailure;
 /// Most members named in one `create_conversation`.
 pub const MAX_CREATE_MEMBERS: usize = 1000;
 /// Longest inbox cursor accepted: ours are the hex of `<µs>:<conv_id>`, at
@@ -55,6 +56,10 @@ pub enum Request {
     Read {
         conv: ConvId,
         seq: i64,
+    },
+    Recall {
+        conv: ConvId,
+        target_seq: i64,
     },
     /// A group op that changes the conversation (PROTOCOL §5 table).
     Group {
@@ -101,6 +106,7 @@ impl Request {
             Request::Sync(_) => "sync",
             Request::Read { .. } => "read",
             Request::Group { change, .. } => change.op(),
+            Request::Recall { .. } => "recall",
             Request::Members { .. } => "members",
             Request::Applications { .. } => "applications",
             Request::Ping => "ping",
@@ -114,6 +120,7 @@ impl Request {
             | Request::Send { conv, .. }
             | Request::Read { conv, .. }
             | Request::Group { conv, .. }
+            | Request::Recall { conv, .. }
             | Request::Members { conv, .. }
             | Request::Applications { conv, .. } => Some(conv),
             Request::Sync(p) => Some(&p.conv),
@@ -163,6 +170,12 @@ impl Request {
                 seq: f.int_in("seq", 0, i64::MAX)?.ok_or_else(|| ApiError::bad_request("missing field `seq`"))?,
             },
             "ping" => Request::Ping,
+            "recall" => Request::Recall {
+                conv: f.conv_id()?,
+                target_seq: f
+                    .int_in("target_seq", 1, i64::MAX)?
+                    .ok_or_else(|| ApiError::bad_request("missing field `target_seq`"))?,
+            },
             "members" => {
                 let (after, limit, q) = group::parse_members(&f)?;
                 Request::Members { conv: f.conv_id()?, after, limit, q }
@@ -377,14 +390,13 @@ pub fn dispatch(
         }
         // Queued like a send, so one connection's ops keep their order.
         Request::Group { conv, change } => {
-            let join = matches!(change, GroupChange::Join);
-            let written = state.writer.write(conv, WriteOp::Group(GroupOp { actor: caller.user_id.clone(), change }));
-            async move {
-                let _running = running;
-                Ok(Reply::ok(written_json(&written.await?, join)))
-            }
-            .instrument(span.clone())
-            .boxed_local()
+            let op = WriteOp::Group(GroupOp { actor: caller.user_id.clone(), change });
+            queued(state.writer.write(conv, op), running).instrument(span.clone()).boxed_local()
+        }
+        Request::Recall { conv, target_seq } => {
+            let (actor, device) = (caller.user_id.clone(), caller.device_id.clone());
+            let op = WriteOp::Recall(RecallOp { actor, device, target_seq });
+            queued(state.writer.write(conv, op), running).instrument(span.clone()).boxed_local()
         }
         other => async move {
             let _running = running;
@@ -393,6 +405,15 @@ pub fn dispatch(
         .instrument(span.clone())
         .boxed_local(),
     }
+}
+
+/// The answer of a queued group op or recall.
+async fn queued(
+    written: impl std::future::Future<Output = Result<Written, WriteFailure>>,
+    running: Running,
+) -> Result<Reply, ApiError> {
+    let _running = running;
+    Ok(Reply::ok(written_json(&written.await?)))
 }
 
 /// The answer to `ping`, with or without an `id`.
@@ -464,7 +485,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
         }
         Request::Ping => Ok(Reply::ok(pong())),
         // Queued on the writer in `dispatch`.
-        Request::Send { .. } | Request::Group { .. } => Err(ApiError::internal()),
+        Request::Send { .. } | Request::Group { .. } | Request::Recall { .. } => Err(ApiError::internal()),
     }
 }
 

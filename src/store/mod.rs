@@ -15,6 +15,7 @@ mod migrate;
 mod port;
 mod presence;
 mod read;
+mod retention;
 mod sync;
 mod write;
 
@@ -31,10 +32,11 @@ pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBO
 pub use members::{Application, ApplicationPage, MemberInfo, MemberPage, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use presence::Membership;
+pub use retention::PurgeReport;
 pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_DEFAULT_MAX_BYTES, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
-    Appended, BatchJob, ConvCache, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, Roster, SendAck,
-    SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
+    Appended, BatchJob, ConvCache, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, RecallAck, RecallOp,
+    Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
 };
 
 pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;

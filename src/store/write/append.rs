@@ -8,19 +8,23 @@ use super::batch::BatchBuilder;
 use crate::domain::{Event, EventKind};
 use crate::store::StoreError;
 
-/// Every event of every conversation of the transaction, and every
-/// conversation row, in one statement.
+/// Every event of every conversation of the transaction, the bodies its
+/// recalls erase, and every conversation row, in one statement.
 const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
-                      body, subject_user, actor, reason, change, created_at)
-  SELECT e.*, $14
+                      body, subject_user, actor, reason, change, target_seq, recalled, created_at)
+  SELECT e.*, $16
     FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
-                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[]) AS e)
+                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[]) AS e),
+erased AS (
+  UPDATE events e SET body = NULL, recalled = true
+    FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
+   WHERE e.conv_id = r.conv AND e.seq = r.seq)
 UPDATE conversations c
    SET next_seq = u.next_seq, member_version = c.member_version + u.bump, member_count = u.members,
-       last_event_at = $14
-  FROM unnest($15::text[], $16::int8[], $17::int8[], $18::int4[]) AS u(conv, next_seq, bump, members)
+       last_event_at = $16
+  FROM unnest($17::text[], $18::int8[], $19::int8[], $20::int4[]) AS u(conv, next_seq, bump, members)
  WHERE c.conv_id = u.conv";
 
 /// Column arrays of the events of a transaction, for one multi-row INSERT.
@@ -39,6 +43,8 @@ struct EventColumns<'a> {
     actors: Vec<Option<&'a str>>,
     reasons: Vec<Option<&'static str>>,
     changes: Vec<Option<&'a str>>,
+    targets: Vec<Option<i64>>,
+    recalled: Vec<bool>,
 }
 
 impl<'a> EventColumns<'a> {
@@ -48,8 +54,10 @@ impl<'a> EventColumns<'a> {
         self.kinds.push(e.kind.name());
         let (mut mid, mut snd, mut dev, mut key, mut hash, mut body, mut subj, mut act, mut reason, mut change) =
             (None, None, None, None, None, None, None, None, None, None);
+        let (mut target, mut erased) = (None, false);
         match &e.kind {
-            EventKind::Msg { message_id, sender, sender_device, client_msg_id, body: text, .. } => {
+            EventKind::Msg { message_id, sender, sender_device, client_msg_id, body: text, recalled } => {
+                erased = *recalled;
                 mid = Some(*message_id);
                 snd = Some(sender.as_str());
                 dev = Some(sender_device.as_str());
@@ -73,7 +81,11 @@ impl<'a> EventColumns<'a> {
                 act = Some(actor.as_str());
                 change = Some(c.as_str());
             }
-            EventKind::Recall { .. } => {}
+            EventKind::Recall { sender, sender_device, target_seq } => {
+                snd = Some(sender.as_str());
+                dev = sender_device.as_ref().map(|d| d.as_str());
+                target = Some(*target_seq);
+            }
         }
         self.message_ids.push(mid);
         self.senders.push(snd);
@@ -85,6 +97,8 @@ impl<'a> EventColumns<'a> {
         self.actors.push(act);
         self.reasons.push(reason);
         self.changes.push(change);
+        self.targets.push(target);
+        self.recalled.push(erased);
     }
 }
 
@@ -93,10 +107,15 @@ impl<'a> EventColumns<'a> {
 pub(super) async fn append_events(tx: &Transaction<'_>, builders: &[(usize, BatchBuilder)]) -> Result<(), StoreError> {
     let mut cols = EventColumns::default();
     let (mut convs, mut next_seqs, mut bumps, mut counts) = (vec![], vec![], vec![], vec![]);
+    let (mut erased_convs, mut erased_seqs) = (vec![], vec![]);
     let mut now = None;
     for (_, b) in builders.iter().filter(|(_, b)| !b.events.is_empty()) {
         for e in &b.events {
             cols.push(b, e);
+        }
+        for &seq in &b.erased {
+            erased_convs.push(b.conv.as_str());
+            erased_seqs.push(seq);
         }
         convs.push(b.conv.as_str());
         next_seqs.push(b.next_seq);
@@ -121,11 +140,15 @@ pub(super) async fn append_events(tx: &Transaction<'_>, builders: &[(usize, Batc
             (&cols.actors, Type::TEXT_ARRAY),
             (&cols.reasons, Type::TEXT_ARRAY),
             (&cols.changes, Type::TEXT_ARRAY),
+            (&cols.targets, Type::INT8_ARRAY),
+            (&cols.recalled, Type::BOOL_ARRAY),
             (&now, Type::TIMESTAMPTZ),
             (&convs, Type::TEXT_ARRAY),
             (&next_seqs, Type::INT8_ARRAY),
             (&bumps, Type::INT8_ARRAY),
             (&counts, Type::INT4_ARRAY),
+            (&erased_convs, Type::TEXT_ARRAY),
+            (&erased_seqs, Type::INT8_ARRAY),
         ],
     )
     .await?;

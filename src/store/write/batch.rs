@@ -13,6 +13,8 @@ use crate::domain::{DeliveryMode, Event, EventKind, JoinMode, Role, Standing};
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.
 pub(super) struct BatchBuilder {
+    /// The seq of the batch's first event.
+    pub(super) first_seq: i64,
     pub(super) next_seq: i64,
     pub(super) member_count: i32,
     /// Changes to who is a member or where one stands: the cache's version moves.
@@ -26,6 +28,12 @@ pub(super) struct BatchBuilder {
     /// Applications filed (`true`) or removed (`false`) by this batch, over
     /// those found before it.
     pub(super) applications: HashMap<UserId, bool>,
+    /// Users whose period this batch opened, at that seq.
+    pub(super) opened: HashMap<UserId, i64>,
+    /// Targets recalled by this batch → the seq of their `recall`.
+    pub(super) recalled: HashMap<i64, i64>,
+    /// Targets from before this batch whose body the batch erases.
+    pub(super) erased: Vec<i64>,
     pub(super) now: DateTime<Utc>,
     pub(super) conv: ConvId,
     pub(super) group: bool,
@@ -34,6 +42,7 @@ pub(super) struct BatchBuilder {
     pub(super) join_mode: JoinMode,
     pub(super) max_member: i32,
     pub(super) delivery_mode: DeliveryMode,
+    pub(super) recall_window_ms: i64,
 }
 
 /// A change to the membership rows, written in order after the checks.
@@ -87,6 +96,7 @@ impl ConvPatch {
 impl BatchBuilder {
     pub(super) fn new(conv: &ConvId, row: &ConvRow) -> Self {
         Self {
+            first_seq: row.next_seq,
             next_seq: row.next_seq,
             member_count: row.member_count,
             membership_changes: 0,
@@ -95,6 +105,9 @@ impl BatchBuilder {
             member_changes: Vec::new(),
             profile: ConvPatch::default(),
             applications: HashMap::new(),
+            opened: HashMap::new(),
+            recalled: HashMap::new(),
+            erased: Vec::new(),
             now: row.now,
             conv: conv.clone(),
             group: row.group,
@@ -103,6 +116,7 @@ impl BatchBuilder {
             join_mode: row.join_mode,
             max_member: row.max_member,
             delivery_mode: row.delivery_mode,
+            recall_window_ms: row.recall_window_ms,
         }
     }
 
@@ -111,6 +125,19 @@ impl BatchBuilder {
         self.next_seq += 1;
         self.events.push(Event { conv_id: self.conv.clone(), seq, created_at: self.now, kind });
         seq
+    }
+
+    /// The message at `target` is recalled by the event at `seq`: its body
+    /// goes, in the database and in this batch's events alike.
+    pub(super) fn erase(&mut self, target: i64, seq: i64) {
+        self.recalled.insert(target, seq);
+        if target < self.first_seq {
+            self.erased.push(target);
+        } else if let Some(e) = self.events.get_mut((target - self.first_seq) as usize) {
+            if let EventKind::Msg { body, recalled, .. } = &mut e.kind {
+                (*body, *recalled) = (None, true);
+            }
+        }
     }
 
     pub(super) fn version_bump(&self) -> i64 {

@@ -229,6 +229,7 @@ mod tests {
             delivery_mode: DeliveryMode::Push,
             purged: false,
             now: Utc::now(),
+            recall_window_ms: 120_000,
         };
         let mut roster = Roster::default();
         for (u, role) in [("o", Role::Owner), ("a", Role::Admin), ("m", Role::Member), ("n", Role::Member)] {

@@ -8,6 +8,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
+use super::recall::{Target, Targets};
 use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
 use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
 use crate::store::StoreError;
@@ -28,6 +29,7 @@ pub(super) struct ConvRow {
     pub(super) purged: bool,
     /// Transaction time, in ms: the `created_at` of everything the batch appends.
     pub(super) now: DateTime<Utc>,
+    pub(super) recall_window_ms: i64,
 }
 
 /// How a write transaction takes its conversation rows.
@@ -49,7 +51,7 @@ macro_rules! lock_conversations_sql {
     ($wait:literal) => {
         concat!(
             "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
-            "join_mode, delivery_mode, min_seq, date_trunc('milliseconds', now()), kind = 'group' ",
+            "join_mode, delivery_mode, min_seq, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms ",
             "FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
         )
@@ -70,7 +72,7 @@ const EXISTING_CONVERSATIONS: &str = "SELECT conv_id FROM conversations WHERE co
 /// join against the key list can scan the whole conversation). Tombstones are
 /// probed only where retention ever purged (`min_seq > 1`).
 const LOOKUP_REQUEST_KEYS: &str = "
-SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash IS NOT NULL
+SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash
   FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[]) AS k(conv, u, c, purged)
   LEFT JOIN LATERAL (SELECT seq, message_id, request_hash, created_at FROM events
                       WHERE conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c LIMIT 1) e ON true
@@ -116,6 +118,7 @@ pub(super) async fn lock_conversations(
                 purged: r.get::<_, i64>(9) > 1,
                 now: r.get(10),
                 group: r.get(11),
+                recall_window_ms: r.get(12),
             };
             Some((conv, row))
         })
@@ -141,7 +144,8 @@ pub(super) async fn held_elsewhere(
 /// An earlier event or tombstone of a request key.
 pub(super) struct Prior {
     pub(super) event: Option<SendAckWithHash>,
-    pub(super) tombstone: bool,
+    /// The request hash of a purged send with this key (P9).
+    pub(super) tombstone: Option<Vec<u8>>,
 }
 
 #[derive(Clone)]
@@ -304,6 +308,55 @@ pub(super) async fn lookup_applications(
         if let (Ok(conv), Ok(user)) = (ConvId::parse(r.get(0)), UserId::parse(r.get(1))) {
             found.entry(conv).or_default().insert(user);
         }
+    }
+    Ok(found)
+}
+
+/// For each `recall`: its target if it is a `msg` still in the log, whether
+/// it lies inside one of the caller's periods, and the recall that already
+/// erased it, if any.
+const LOOKUP_RECALL_TARGETS: &str = "
+SELECT k.conv, k.u, k.s, e.sender_user, e.created_at,
+       EXISTS (SELECT 1 FROM membership_periods p
+                WHERE p.conv_id = k.conv AND p.user_id = k.u AND p.from_seq <= k.s
+                  AND (p.to_seq IS NULL OR p.to_seq >= k.s)),
+       (SELECT min(r.seq) FROM events r WHERE r.conv_id = k.conv AND r.kind = 'recall' AND r.target_seq = k.s)
+  FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(conv, u, s)
+  JOIN events e ON e.conv_id = k.conv AND e.seq = k.s AND e.kind = 'msg'";
+
+/// The targets of the `recall`s of `jobs`, per conversation.
+pub(super) async fn lookup_recall_targets(
+    tx: &Transaction<'_>,
+    jobs: &[BatchJob],
+) -> Result<HashMap<ConvId, Targets>, StoreError> {
+    let (mut convs, mut users, mut seqs) = (vec![], vec![], vec![]);
+    for job in jobs {
+        for op in &job.ops {
+            if let WriteOp::Recall(r) = op {
+                convs.push(job.conv.as_str());
+                users.push(r.actor.as_str());
+                seqs.push(r.target_seq);
+            }
+        }
+    }
+    if seqs.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = tx
+        .query_typed(
+            LOOKUP_RECALL_TARGETS,
+            &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY), (&seqs, Type::INT8_ARRAY)],
+        )
+        .await?;
+    let mut found: HashMap<ConvId, Targets> = HashMap::new();
+    for r in rows {
+        let (Ok(conv), Ok(user), Ok(sender)) =
+            (ConvId::parse(r.get(0)), UserId::parse(r.get(1)), UserId::parse(r.get(3)))
+        else {
+            continue;
+        };
+        let target = Target { sender, created_at: r.get(4), visible: r.get(5), recalled_by: r.get(6) };
+        found.entry(conv).or_default().insert((user, r.get(2)), target);
     }
     Ok(found)
 }

@@ -103,7 +103,7 @@ impl BatchBuilder {
             if !self.has_application(user, applications) {
                 self.file_application(user, user);
             }
-            return Ok(Written::Applied);
+            return Ok(Written::Pending);
         }
         if self.member_count >= self.max_member {
             return Err(Rejection::GroupFull);
@@ -128,7 +128,7 @@ impl BatchBuilder {
         }
         if !accept {
             self.drop_application(user);
-            return Ok(Written::Applied);
+            return Ok(Written::Rejected);
         }
         if members.contains_key(user) {
             return Err(Rejection::AlreadyMember);
@@ -170,6 +170,7 @@ impl BatchBuilder {
     /// Appends the `join` of `user` and opens its period there.
     fn open(&mut self, user: &UserId, actor: &UserId, role: Role, members: &mut Roster) -> i64 {
         let seq = self.append(EventKind::Join { subject: user.clone(), actor: actor.clone() });
+        self.opened.insert(user.clone(), seq);
         members.insert(user.clone(), Standing::new(role));
         self.member_count += 1;
         self.membership_changes += 1;

@@ -25,6 +25,7 @@ mod member_rows;
 mod membership;
 mod merged;
 mod ops;
+mod recall;
 mod send;
 
 use std::collections::{HashMap, HashSet};
@@ -38,12 +39,14 @@ use crate::domain::{DeliveryMode, Event, Rejection, Standing};
 use append::append_events;
 use batch::BatchBuilder;
 use lookup::{
-    load_standings, lock_conversations, lookup_applications, lookup_joiners, lookup_request_keys, ConvRow, LockMode,
+    load_standings, lock_conversations, lookup_applications, lookup_joiners, lookup_recall_targets,
+    lookup_request_keys, ConvRow, LockMode,
 };
 use member_rows::{write_conv_patch, write_member_changes};
 pub(super) use merged::Share;
 pub use ops::{
-    GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, SendAck, SendOp, WriteOp, WriteOutcome, Written,
+    GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, RecallAck, RecallOp, SendAck, SendOp, WriteOp,
+    WriteOutcome, Written,
 };
 
 /// A committed batch: one outcome per op, and what it appended.
@@ -207,7 +210,8 @@ async fn apply_batches(
     let prior = lookup_request_keys(tx, jobs, rows).await?;
     let known_users = lookup_joiners(tx, jobs).await?;
     let applications = lookup_applications(tx, jobs).await?;
-    let no_applications = HashSet::new();
+    let recall_targets = lookup_recall_targets(tx, jobs).await?;
+    let (no_applications, no_targets) = (HashSet::new(), HashMap::new());
     phase.end("lookup");
 
     let mut written = Vec::with_capacity(jobs.len());
@@ -224,6 +228,7 @@ async fn apply_batches(
         let cache = &mut job.cache;
         let mut b = BatchBuilder::new(&job.conv, row);
         let applications = applications.get(&job.conv).unwrap_or(&no_applications);
+        let targets = recall_targets.get(&job.conv).unwrap_or(&no_targets);
         let mut outcomes = Vec::with_capacity(job.ops.len());
         for op in &job.ops {
             let outcome = match op {
@@ -231,6 +236,7 @@ async fn apply_batches(
                 WriteOp::Join(j) => b.join(j, &known_users, &mut cache.roster),
                 WriteOp::Leave(l) => b.leave(l, &mut cache.roster),
                 WriteOp::Group(g) => b.group(g, &known_users, applications, &mut cache.roster),
+                WriteOp::Recall(r) => b.recall(r, targets, &cache.roster),
             };
             outcomes.push(outcome);
         }

@@ -20,6 +20,7 @@ pub enum WriteOp {
     /// A group op of a device (PROTOCOL §5 "Membership and groups"), checked
     /// in the order written there.
     Group(GroupOp),
+    Recall(RecallOp),
 }
 
 impl WriteOp {
@@ -30,6 +31,7 @@ impl WriteOp {
             WriteOp::Send(s) => vec![&s.sender],
             WriteOp::Join(j) => vec![&j.user],
             WriteOp::Leave(l) => vec![&l.user],
+            WriteOp::Recall(r) => vec![&r.actor],
             WriteOp::Group(GroupOp { actor, change }) => {
                 let mut users = vec![actor];
                 match change {
@@ -74,6 +76,14 @@ pub struct LeaveOp {
     pub user: UserId,
     pub actor: UserId,
     pub reason: LeaveReason,
+}
+
+/// `recall` of the message at `target_seq` by `actor` from its `device`.
+#[derive(Debug, Clone)]
+pub struct RecallOp {
+    pub actor: UserId,
+    pub device: DeviceId,
+    pub target_seq: i64,
 }
 
 /// `actor` (the caller) asks for `change`.
@@ -176,9 +186,18 @@ pub enum Written {
         seq: i64,
     },
     Invited(Invited),
-    /// Done without an event: an application filed (`join` of an approval
-    /// group) or rejected.
-    Applied,
+    Recalled(RecallAck),
+    /// An application filed (`join` of an approval group); no event.
+    Pending,
+    /// An application rejected; no event.
+    Rejected,
+}
+
+/// `recall`'s answer: the seq of the `recall` event, the first one's on a repeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecallAck {
+    pub seq: i64,
+    pub dup: bool,
 }
 
 /// What an `invite` did with each user named.

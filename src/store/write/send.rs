@@ -22,8 +22,14 @@ impl BatchBuilder {
                 Err(Rejection::IdempotencyMismatch)
             };
         }
-        if prior.get(&key).is_some_and(|p| p.tombstone) {
-            return Err(Rejection::IdempotencyKeyExpired);
+        // A purged send's key is never appended again (P9): the same request
+        // learns its original went, a different one that the key is taken.
+        if let Some(hash) = prior.get(&key).and_then(|p| p.tombstone.as_deref()) {
+            return Err(if hash == op.body.fingerprint() {
+                Rejection::IdempotencyKeyExpired
+            } else {
+                Rejection::IdempotencyMismatch
+            });
         }
         if self.dismissed {
             return Err(Rejection::ConvDismissed);

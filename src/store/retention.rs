@@ -1,0 +1,138 @@
+//! Retention (P9, PROTOCOL §6): events older than their conversation's
+//! `retention_ms` are purged, and each purged send leaves a tombstone of its
+//! request key, so a late retry is answered (`IDEMPOTENCY_KEY_EXPIRED`) and
+//! never appended again.
+//!
+//! A purge goes a chunk at a time, each chunk its own short transaction under
+//! the conversation's row lock: a busy conversation keeps writing between
+//! chunks and waits at most one chunk. A chunk deletes a prefix of the log
+//! (from `min_seq`, up to the first event still inside the retention),
+//! writes the tombstones of its sends and moves `min_seq` past it, all or
+//! nothing: the log stays gapless from `min_seq` (P1), and a purge killed
+//! midway, or one racing another on a second node, leaves the next chunk to
+//! whoever takes the lock next — no double work, no lost tombstone.
+//! Membership periods are never purged: they are the truth of visibility.
+
+use std::time::Instant;
+
+use imcore_actors::ConvId;
+use tokio_postgres::types::Type;
+
+use super::{Store, StoreError};
+
+/// What one run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Conversations of which something was purged.
+    pub conversations: u64,
+    pub events_purged: u64,
+    pub tombstones_written: u64,
+    /// Tombstones dropped past the horizon.
+    pub tombstones_expired: u64,
+}
+
+/// Conversations whose oldest kept event is past their retention.
+const DUE: &str = "
+SELECT c.conv_id FROM conversations c
+ WHERE c.retention_ms IS NOT NULL AND c.min_seq < c.next_seq
+   AND EXISTS (SELECT 1 FROM events e WHERE e.conv_id = c.conv_id AND e.seq = c.min_seq
+                  AND e.created_at < now() - c.retention_ms * interval '1 millisecond')
+ ORDER BY c.conv_id";
+
+/// Locks the row and finds where the chunk ends: the first seq of the chunk's
+/// range still inside the retention, else the range's end (capped at the head).
+const CHUNK_END: &str = "
+WITH c AS (SELECT min_seq, next_seq, retention_ms FROM conversations WHERE conv_id = $1 FOR NO KEY UPDATE)
+SELECT c.min_seq,
+       CASE WHEN c.retention_ms IS NULL THEN c.min_seq
+            ELSE coalesce((SELECT min(e.seq) FROM events e
+                            WHERE e.conv_id = $1 AND e.seq >= c.min_seq AND e.seq < c.min_seq + $2
+                              AND e.created_at >= now() - c.retention_ms * interval '1 millisecond'),
+                          least(c.min_seq + $2, c.next_seq)) END
+  FROM c";
+
+/// Deletes `[$2, $3)`, writes the tombstones of its sends, moves `min_seq` to `$3`.
+const PURGE_CHUNK: &str = "
+WITH gone AS (
+  DELETE FROM events WHERE conv_id = $1 AND seq >= $2 AND seq < $3
+  RETURNING sender_user, client_msg_id, request_hash, seq),
+buried AS (
+  INSERT INTO idem_tombstones (conv_id, sender_user, client_msg_id, request_hash, seq)
+  SELECT $1, sender_user, client_msg_id, request_hash, seq FROM gone WHERE client_msg_id IS NOT NULL
+  ON CONFLICT DO NOTHING
+  RETURNING 1),
+moved AS (UPDATE conversations SET min_seq = $3 WHERE conv_id = $1)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM buried)";
+
+/// At most this many expired tombstones per statement.
+const EXPIRE_TOMBSTONES: &str = "
+DELETE FROM idem_tombstones WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_tombstones WHERE purged_at < now() - $1 * interval '1 millisecond' LIMIT 10000))";
+
+impl Store {
+    /// Purges every conversation that is due, `chunk` events per
+    /// transaction, then drops tombstones older than `tombstone_horizon_ms`
+    /// (`None`: kept forever).
+    pub async fn purge_expired(
+        &self,
+        chunk: i64,
+        tombstone_horizon_ms: Option<i64>,
+    ) -> Result<PurgeReport, StoreError> {
+        let started = Instant::now();
+        let due: Vec<ConvId> = {
+            let c = self.pool.get().await?;
+            c.query_typed(DUE, &[]).await?.iter().filter_map(|r| ConvId::parse(r.get(0)).ok()).collect()
+        };
+        let mut report = PurgeReport::default();
+        for conv in &due {
+            let (events, tombstones) = self.purge_conversation(conv, chunk).await?;
+            report.conversations += u64::from(events > 0);
+            report.events_purged += events;
+            report.tombstones_written += tombstones;
+        }
+        if let Some(horizon) = tombstone_horizon_ms {
+            report.tombstones_expired = self.expire_tombstones(horizon).await?;
+        }
+        crate::metrics::observe_purge(&report, started.elapsed());
+        Ok(report)
+    }
+
+    /// Purges `conv` chunk by chunk until its oldest kept event is inside
+    /// its retention; `(events purged, tombstones written)`.
+    pub async fn purge_conversation(&self, conv: &ConvId, chunk: i64) -> Result<(u64, u64), StoreError> {
+        let (mut events, mut tombstones) = (0, 0);
+        loop {
+            let mut c = self.pool.get().await?;
+            let tx = c.transaction().await?;
+            let Some(row) =
+                tx.query_typed_opt(CHUNK_END, &[(&conv.as_str(), Type::TEXT), (&chunk, Type::INT8)]).await?
+            else {
+                return Ok((events, tombstones)); // gone meanwhile: nothing to purge
+            };
+            let (from, to): (i64, i64) = (row.get(0), row.get(1));
+            if to <= from {
+                return Ok((events, tombstones));
+            }
+            let done = tx
+                .query_typed(PURGE_CHUNK, &[(&conv.as_str(), Type::TEXT), (&from, Type::INT8), (&to, Type::INT8)])
+                .await?;
+            tx.commit().await?;
+            if let Some(done) = done.first() {
+                events += done.get::<_, i64>(0) as u64;
+                tombstones += done.get::<_, i64>(1) as u64;
+            }
+        }
+    }
+
+    async fn expire_tombstones(&self, horizon_ms: i64) -> Result<u64, StoreError> {
+        let c = self.pool.get().await?;
+        let mut expired = 0;
+        loop {
+            let n = c.execute_typed(EXPIRE_TOMBSTONES, &[(&horizon_ms, Type::INT8)]).await?;
+            expired += n;
+            if n == 0 {
+                return Ok(expired);
+            }
+        }
+    }
+}
