@@ -22,16 +22,70 @@ use serde_json::{json, Value};
 use super::log_check::verify;
 use super::provision::{self, BoxError};
 use super::server::Server;
+use super::Ctx;
 use crate::percentiles::Percentiles;
 
-pub use rss::{create_groups as create_rss_groups, measure as measure_rss};
-pub use send::{run as send_run, Params as SendParams};
+/// The parts in order, each on the server state it needs: the invites on a
+/// first server; send and members on a second one started over the same
+/// database (the first may still be delivering the invites' join events for
+/// minutes, which part 1 reports); the RSS on a third, started after the RSS
+/// groups were written. A part that fails is recorded as an unverified run.
+pub async fn run(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
+    let (mut server, db, db_name) = super::start_server(ctx, "groups", "actor").await?;
+    let result = parts(ctx, &mut server, &db, &db_name).await;
+    super::stop_server(ctx, server, db, &db_name).await;
+    let (runs, provisioning) = result?;
+    let extra = json!({
+        "run_id": format!("groups-{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ")),
+        "method": METHOD,
+        "provisioning": provisioning,
+        "parameters": parameters(&ctx.args.groups),
+    });
+    super::write_evidence(ctx, "groups.json", runs, extra)
+}
+
+async fn parts(ctx: &Ctx, server: &mut Server, db: &Store, db_name: &str) -> Result<(Vec<Value>, Value), BoxError> {
+    let a = &ctx.args.groups;
+    let or_failed = |name: &str, r: Result<Value, BoxError>| r.unwrap_or_else(|e| failed(name, &e));
+    let (big, provisioning) = setup(server, db, a).await?;
+    let mut runs = vec![or_failed("groups-invite", invite(server, db, &big, a).await)];
+    restart(ctx, server, db_name, "groups-2").await?;
+    let p = send::Params {
+        online: a.group_online,
+        messages: a.group_messages,
+        burst: a.group_burst.min(64),
+        source_addrs: ctx.args.source_addrs,
+    };
+    runs.push(or_failed("groups-send", send::run(server, &ctx.pg, db, &big, &p).await));
+    runs.push(or_failed("groups-members", search(server, db, &big, a).await));
+    if a.rss_groups > 0 {
+        let measured = async {
+            let set = rss::create_groups(server, db, big.members, a).await?;
+            restart(ctx, server, db_name, "groups-3").await?;
+            rss::measure(server, db, &set, &big, a).await
+        }
+        .await;
+        runs.push(or_failed("groups-rss", measured));
+    }
+    Ok((runs, provisioning))
+}
+
+/// Stops `server` and starts a fresh one over the same database.
+async fn restart(ctx: &Ctx, server: &mut Server, db_name: &str, label: &str) -> Result<(), BoxError> {
+    server.stop();
+    let log = ctx.args.data_dir.join(format!("server-{label}.log"));
+    *server = Server::start(&ctx.bin, "actor", &ctx.pg.url_of(db_name), &log, &ctx.env).await?;
+    eprintln!("server {label}: pid {}, port {}, over the same database", server.pid, server.port);
+    Ok(())
+}
 
 /// How the scenario provisions and measures, for the evidence.
-pub const METHOD: &str = "Users u000000… are inserted into the benchmark database over SQL (one INSERT … \
+const METHOD: &str = "Users u000000… are inserted into the benchmark database over SQL (one INSERT … \
 generate_series; the admin API per user is too slow for 100,000); device tokens come from the admin API, groups \
 from create_conversation (max_member set at creation). invite: one WebSocket connection of the owner, closed loop \
-(one call in flight), per-call latency by the member count the call ended at. send: the owner's second device \
+(one call in flight), per-call latency by the member count the call ended at; then the time the server kept \
+using CPU (delivering the join events), up to a limit. The server is then restarted over the same database (no \
+backlog, cold actors) for send and members. send: the owner's second device \
 sends over WebSocket, first closed loop (one send in flight), then a burst (all sends written at once); online \
 member devices connect from 127.0.0.x; push latency is arrival minus the send time in the body (one clock), per \
 (message, device). members: closed loop on the owner's connection, limit as given; `matching` counts the members \
@@ -67,8 +121,9 @@ pub struct Args {
     #[arg(long, default_value_t = 50)]
     pub group_page: usize,
     /// Groups: longest wait, seconds, for the server to go quiet after the
-    /// invites (delivering their join events) before the next part.
-    #[arg(long, default_value_t = 240.0)]
+    /// invites (delivering their join events); the next parts run on a
+    /// restarted server either way.
+    #[arg(long, default_value_t = 60.0)]
     pub group_quiet_s: f64,
     /// Groups: groups of the RSS measurement (0: skip it).
     #[arg(long, default_value_t = 100)]
@@ -82,7 +137,7 @@ pub struct Args {
 }
 
 /// The sizes of this run, for the evidence.
-pub fn parameters(a: &Args) -> Value {
+fn parameters(a: &Args) -> Value {
     json!({
         "group_members": a.group_members,
         "invite_batch": a.group_invite_batch,
@@ -116,7 +171,7 @@ pub struct Big {
 }
 
 /// Users `u000000..` in the database, the owner's and the online members' tokens, the group (owner only).
-pub async fn setup(server: &Server, db: &Store, a: &Args) -> Result<(Big, Value), BoxError> {
+async fn setup(server: &Server, db: &Store, a: &Args) -> Result<(Big, Value), BoxError> {
     let n = a.group_members;
     if !(2..=1_000_000).contains(&n) || a.group_online >= n || a.rss_group_members > n {
         return Err("--group-members 2..=1000000, above --group-online and --rss-group-members".into());
@@ -152,7 +207,7 @@ pub async fn setup(server: &Server, db: &Store, a: &Args) -> Result<(Big, Value)
 /// Part 1: invites users 1.. into the group, `batch` per call, one call in
 /// flight; then waits for the server to finish the work the acks did not
 /// wait for (delivering the join events), so the next parts measure a quiet server.
-pub async fn invite(server: &Server, db: &Store, big: &Big, a: &Args) -> Result<Value, BoxError> {
+async fn invite(server: &Server, db: &Store, big: &Big, a: &Args) -> Result<Value, BoxError> {
     let batch = a.group_invite_batch;
     let mut ws = provision::connect_retry(server.port, provision::source_addr(0, 1), &big.owner_token).await?;
     let mut id = 0;
@@ -172,10 +227,11 @@ pub async fn invite(server: &Server, db: &Store, big: &Big, a: &Args) -> Result<
         members += joined;
     }
     let total_s = started.elapsed().as_secs_f64();
+    let (page, _) = call(&mut ws, &mut id, "members", json!({"conv_id": big.conv, "limit": 1})).await?;
+    // Closed before waiting: a connection that does not answer pings is dropped after 45 s.
+    ws.close().await;
     let (busy_s, quiet) = quiet(server, Duration::from_secs_f64(a.group_quiet_s)).await;
     eprintln!("groups invite: server busy {busy_s:.0} s after the last ack (quiet: {quiet})");
-    let (page, _) = call(&mut ws, &mut id, "members", json!({"conv_id": big.conv, "limit": 1})).await?;
-    ws.close().await;
     let member_count = page["member_count"].as_u64().unwrap_or(0) as usize;
     let (log_ok, detail) = verify(db, &big.conv, &[]).await?;
     let bands = bands(&calls, big.members);
@@ -240,7 +296,7 @@ fn bands(calls: &[(usize, usize, f64)], members: usize) -> Vec<Value> {
 }
 
 /// Part 3: `members` searches by prefix and pages at depth, one call in flight.
-pub async fn search(server: &Server, db: &Store, big: &Big, a: &Args) -> Result<Value, BoxError> {
+async fn search(server: &Server, db: &Store, big: &Big, a: &Args) -> Result<Value, BoxError> {
     let mut ws = provision::connect_retry(server.port, provision::source_addr(0, 1), &big.owner_token).await?;
     let mut id = 0;
     let conn = db.pool().get().await?;
@@ -319,7 +375,7 @@ async fn quiet(server: &Server, limit: Duration) -> (f64, bool) {
 }
 
 /// A part that failed: a run that did not verify, with the error.
-pub fn failed(scenario: &str, e: &BoxError) -> Value {
+fn failed(scenario: &str, e: &BoxError) -> Value {
     eprintln!("groups {scenario}: {e}");
     json!({"scenario": scenario, "error": e.to_string(), "verified": false})
 }

@@ -166,7 +166,7 @@ async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
         failed.extend(connections(ctx).await?);
     }
     if want("groups") {
-        failed.extend(large_groups(ctx).await?);
+        failed.extend(groups::run(ctx).await?);
     }
     Ok(failed)
 }
@@ -309,65 +309,6 @@ async fn connections(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     stop_server(ctx, server, db, &db_name).await;
     let runs = result?;
     write_evidence(ctx, "connections.json", runs, json!({}))
-}
-
-/// Large groups on one server (invite, send, members; the RSS groups'
-/// owners), then the RSS groups measured on a server started afresh over the
-/// same database. A part that fails is recorded as an unverified run.
-async fn large_groups(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
-    let a = &ctx.args.groups;
-    let (mut server, db, db_name) = start_server(ctx, "groups", "actor").await?;
-    let first = async {
-        let (big, provisioning) = groups::setup(&server, &db, a).await?;
-        let (server, db) = (&server, &db);
-        let or_failed = |name: &str, r: Result<Value, BoxError>| r.unwrap_or_else(|e| groups::failed(name, &e));
-        let mut runs = vec![or_failed("groups-invite", groups::invite(server, db, &big, a).await)];
-        let p = groups::SendParams {
-            online: a.group_online,
-            messages: a.group_messages,
-            burst: a.group_burst.min(64),
-            source_addrs: ctx.args.source_addrs,
-        };
-        runs.push(or_failed("groups-send", groups::send_run(server, &ctx.pg, db, &big, &p).await));
-        runs.push(or_failed("groups-members", groups::search(server, db, &big, a).await));
-        let set = match a.rss_groups {
-            0 => None,
-            _ => Some(groups::create_rss_groups(server, db, big.members, a).await),
-        };
-        Ok::<_, BoxError>((runs, provisioning, big, set))
-    }
-    .await;
-    server.stop();
-    let result = match first {
-        Ok((mut runs, provisioning, big, Some(set))) => {
-            let rss = match set {
-                Ok(set) => {
-                    let log = ctx.args.data_dir.join("server-groups-restarted.log");
-                    match Server::start(&ctx.bin, "actor", &ctx.pg.url_of(&db_name), &log, &ctx.env).await {
-                        Ok(mut fresh) => {
-                            let rss = groups::measure_rss(&fresh, &db, &set, &big, a).await;
-                            fresh.stop();
-                            rss
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            runs.push(rss.unwrap_or_else(|e| groups::failed("groups-rss", &e)));
-            Ok((runs, provisioning))
-        }
-        Ok((runs, provisioning, _, None)) => Ok((runs, provisioning)),
-        Err(e) => Err(e),
-    };
-    drop(db);
-    if let Err(e) = ctx.pg.drop_db(&db_name).await {
-        eprintln!("drop database {db_name}: {e}");
-    }
-    let (runs, provisioning) = result?;
-    let run_id = format!("groups-{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ"));
-    let extra = json!({"run_id": run_id, "method": groups::METHOD, "provisioning": provisioning, "parameters": groups::parameters(a)});
-    write_evidence(ctx, "groups.json", runs, extra)
 }
 
 /// Writes the scenario's evidence; returns the runs that did not verify.
