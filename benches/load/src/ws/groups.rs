@@ -7,8 +7,9 @@
 //! sets) show what a warm conversation actor holds (`rss`).
 //!
 //! Users are inserted into the benchmark's database over SQL (100,000 admin
-//! API calls would dominate the run); device tokens, groups and everything
-//! measured go through the server's API.
+//! API calls would dominate the run), and the RSS groups are written by the
+//! store; device tokens, the large group and everything measured go through
+//! the server's API.
 
 mod rss;
 mod send;
@@ -205,8 +206,8 @@ async fn setup(server: &Server, db: &Store, a: &Args) -> Result<(Big, Value), Bo
 }
 
 /// Part 1: invites users 1.. into the group, `batch` per call, one call in
-/// flight; then waits for the server to finish the work the acks did not
-/// wait for (delivering the join events), so the next parts measure a quiet server.
+/// flight; then how long the server keeps working after the last ack
+/// (delivering the join events), up to `--group-quiet-s`.
 async fn invite(server: &Server, db: &Store, big: &Big, a: &Args) -> Result<Value, BoxError> {
     let batch = a.group_invite_batch;
     let mut ws = provision::connect_retry(server.port, provision::source_addr(0, 1), &big.owner_token).await?;
