@@ -10,12 +10,15 @@
 //! stopped with SIGTERM afterwards.
 //!
 //! Scenarios (`--scenarios`): `hot` (§1 hot group, `actor` then `direct`, plus
-//! §4 latency at half the measured maximum), `fanout` (§2), `connections` (§3).
-//! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`.
+//! §4 latency at half the measured maximum), `fanout` (§2), `connections` (§3),
+//! and, only when named, `groups` (large groups: invite, send, members, RSS).
+//! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`,
+//! `groups.json`.
 //! A run that did not verify makes the command fail (see `verdict`).
 
 mod conns;
 mod fanout;
+mod groups;
 mod hot;
 mod log_check;
 mod provision;
@@ -32,7 +35,7 @@ use server::{Pg, Server};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Which scenarios to run.
+    /// Which scenarios to run (`groups` takes ~5 minutes and runs only when named).
     #[arg(long, value_delimiter = ',', default_value = "hot,fanout,connections")]
     scenarios: Vec<String>,
     /// A PostgreSQL server to create the benchmark databases in (any database
@@ -96,6 +99,8 @@ pub struct Args {
     /// Source addresses 127.0.0.1..=127.0.0.n (each has its own ephemeral ports).
     #[arg(long, default_value_t = 16)]
     source_addrs: usize,
+    #[command(flatten)]
+    groups: groups::Args,
     /// Where the evidence files go.
     #[arg(long, default_value = "evidence/bench")]
     out_dir: PathBuf,
@@ -159,6 +164,9 @@ async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     }
     if want("connections") {
         failed.extend(connections(ctx).await?);
+    }
+    if want("groups") {
+        failed.extend(groups::run(ctx).await?);
     }
     Ok(failed)
 }

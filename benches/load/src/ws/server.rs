@@ -196,9 +196,13 @@ impl Server {
         proc_status_kib(self.pid, "VmHWM:")
     }
 
-    /// SIGTERM (graceful shutdown), then SIGKILL after 30 s.
+    /// SIGTERM (graceful shutdown), then SIGKILL after 30 s. Stopping a
+    /// stopped server does nothing (its pid may belong to another process by now).
     pub fn stop(&mut self) {
-        // SAFETY: kill(2) on our own child.
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // SAFETY: kill(2) on our own child, not yet reaped.
         unsafe {
             libc::kill(self.pid, libc::SIGTERM);
         }
