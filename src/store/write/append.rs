@@ -13,14 +13,14 @@ use crate::store::StoreError;
 const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
-                      body, subject_user, actor, reason, created_at)
-  SELECT e.*, $13
+                      body, subject_user, actor, reason, change, created_at)
+  SELECT e.*, $14
     FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
-                $9::text[], $10::text[], $11::text[], $12::text[]) AS e)
+                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[]) AS e)
 UPDATE conversations c
    SET next_seq = u.next_seq, member_version = c.member_version + u.bump, member_count = u.members,
-       last_event_at = $13
-  FROM unnest($14::text[], $15::int8[], $16::int8[], $17::int4[]) AS u(conv, next_seq, bump, members)
+       last_event_at = $14
+  FROM unnest($15::text[], $16::int8[], $17::int8[], $18::int4[]) AS u(conv, next_seq, bump, members)
  WHERE c.conv_id = u.conv";
 
 /// Column arrays of the events of a transaction, for one multi-row INSERT.
@@ -38,6 +38,7 @@ struct EventColumns<'a> {
     subjects: Vec<Option<&'a str>>,
     actors: Vec<Option<&'a str>>,
     reasons: Vec<Option<&'static str>>,
+    changes: Vec<Option<&'a str>>,
 }
 
 impl<'a> EventColumns<'a> {
@@ -45,8 +46,8 @@ impl<'a> EventColumns<'a> {
         self.convs.push(b.conv.as_str());
         self.seqs.push(e.seq);
         self.kinds.push(e.kind.name());
-        let (mut mid, mut snd, mut dev, mut key, mut hash, mut body, mut subj, mut act, mut reason) =
-            (None, None, None, None, None, None, None, None, None);
+        let (mut mid, mut snd, mut dev, mut key, mut hash, mut body, mut subj, mut act, mut reason, mut change) =
+            (None, None, None, None, None, None, None, None, None, None);
         match &e.kind {
             EventKind::Msg { message_id, sender, sender_device, client_msg_id, body: text, .. } => {
                 mid = Some(*message_id);
@@ -68,7 +69,11 @@ impl<'a> EventColumns<'a> {
                 act = Some(actor.as_str());
                 reason = Some(r.as_str());
             }
-            EventKind::Recall { .. } | EventKind::Group { .. } => {}
+            EventKind::Group { actor, change: c } => {
+                act = Some(actor.as_str());
+                change = Some(c.as_str());
+            }
+            EventKind::Recall { .. } => {}
         }
         self.message_ids.push(mid);
         self.senders.push(snd);
@@ -79,6 +84,7 @@ impl<'a> EventColumns<'a> {
         self.subjects.push(subj);
         self.actors.push(act);
         self.reasons.push(reason);
+        self.changes.push(change);
     }
 }
 
@@ -114,6 +120,7 @@ pub(super) async fn append_events(tx: &Transaction<'_>, builders: &[(usize, Batc
             (&cols.subjects, Type::TEXT_ARRAY),
             (&cols.actors, Type::TEXT_ARRAY),
             (&cols.reasons, Type::TEXT_ARRAY),
+            (&cols.changes, Type::TEXT_ARRAY),
             (&now, Type::TIMESTAMPTZ),
             (&convs, Type::TEXT_ARRAY),
             (&next_seqs, Type::INT8_ARRAY),
