@@ -142,13 +142,15 @@ pub fn parse_applications(f: &Fields<'_>) -> Result<(Option<UserId>, i64), ApiEr
     Ok((after, f.int_in("limit", 1, MEMBERS_MAX_LIMIT)?.unwrap_or(MEMBERS_DEFAULT_LIMIT)))
 }
 
-/// The result object of a group op (PROTOCOL §5 table).
-pub fn written_json(written: &Written) -> Value {
+/// The result object of a group op (PROTOCOL §5 table); `join` tells a
+/// `join` that filed an application (`{"pending":true}`) from a `reject` (`{}`).
+pub fn written_json(written: &Written, join: bool) -> Value {
     match written {
         Written::Joined { seq } | Written::Left { seq } | Written::Changed { seq } => json!({ "seq": seq }),
         Written::Invited(Invited { joined, pending, skipped, head }) => {
             json!({"joined": joined, "pending": pending, "skipped": skipped, "head": head})
         }
+        Written::Applied if join => json!({"pending": true}),
         Written::Applied => json!({}),
         Written::Sent(ack) => json!({ "seq": ack.seq }),
     }

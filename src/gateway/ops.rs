@@ -377,10 +377,11 @@ pub fn dispatch(
         }
         // Queued like a send, so one connection's ops keep their order.
         Request::Group { conv, change } => {
+            let join = matches!(change, GroupChange::Join);
             let written = state.writer.write(conv, WriteOp::Group(GroupOp { actor: caller.user_id.clone(), change }));
             async move {
                 let _running = running;
-                Ok(Reply::ok(written_json(&written.await?)))
+                Ok(Reply::ok(written_json(&written.await?, join)))
             }
             .instrument(span.clone())
             .boxed_local()

@@ -92,11 +92,12 @@ impl BatchBuilder {
         if !self.group || self.join_mode == JoinMode::Invite {
             return Err(Rejection::NotMember);
         }
-        if members.contains_key(user) {
-            return Err(Rejection::AlreadyMember);
-        }
+        // Before the roster: a dismissed group keeps its members' rows, yet none of them is a member.
         if self.dismissed {
             return Err(Rejection::ConvDismissed);
+        }
+        if members.contains_key(user) {
+            return Err(Rejection::AlreadyMember);
         }
         if self.join_mode == JoinMode::Approval {
             if !self.has_application(user, applications) {
