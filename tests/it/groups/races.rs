@@ -154,8 +154,10 @@ async fn race(ending: Ending) -> (Value, bool) {
         "end_seq": end_seq, "head": head, "events_before_connect": head0,
         "sends_accepted_before_end": before, "sends_accepted_after_end": after, "refusals": refused,
         "pushed_to_device_1": devices[0].len(), "pushed_to_device_2": devices[1].len(),
-        "expected_pushes": want_pushed.len(), "devices_saw_exactly_the_log_up_to_end": devices.iter().all(|d| *d == want_pushed),
-        "sync_after_end": after_end["events"], "joined_seq": joined, "history_via_sync": history.len(), "history_right": history == want_history,
+        "expected_pushes": want_pushed.len(),
+        "devices_saw_exactly_the_log_up_to_end": devices.iter().all(|d| *d == want_pushed),
+        "sync_after_end": after_end["events"], "joined_seq": joined, "history_via_sync": history.len(),
+        "history_right": history == want_history,
         "end_event": end_event.map(|e| json!([e.0, e.1, e.2])),
     });
     (observed, pass)
@@ -215,8 +217,8 @@ async fn two_admins_inviting_overlapping_users_at_once_add_each_user_once() {
         "02-invite-races",
         "ws, 20 rounds, two admins invite overlapping sets of 12 users at once (8 each, 4 in common)",
         "each round: every user has exactly one join event, is in exactly one reply's `joined` and in the other's \
-         `skipped` when both named it; each admin came first in some round; member_count equals the number of open membership periods (SQL), and \
-         equals the roster's row count",
+         `skipped` when both named it; each admin came first in some round; member_count equals the number \
+         of open membership periods (SQL), and equals the roster's row count",
     );
     let s = server().await;
     let own = s.user("u-own").await;
@@ -270,7 +272,8 @@ async fn two_admins_inviting_overlapping_users_at_once_add_each_user_once() {
             .collect();
         let counts = c
             .query_one(
-                "SELECT member_count, (SELECT count(*) FROM membership_periods p WHERE p.conv_id = c.conv_id AND to_seq IS NULL),
+                "SELECT member_count,
+                        (SELECT count(*) FROM membership_periods p WHERE p.conv_id = c.conv_id AND to_seq IS NULL),
                         (SELECT count(*) FROM members m WHERE m.conv_id = c.conv_id)
                    FROM conversations c WHERE conv_id = $1",
                 &[&conv],
