@@ -16,6 +16,7 @@ mod gateway_connections;
 mod gateway_contract;
 mod gateway_faults;
 mod gateway_races;
+mod groups;
 mod harness;
 mod inbox;
 mod input_forms;
