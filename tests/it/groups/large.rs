@@ -124,14 +124,12 @@ async fn a_group_of_100000_members_is_filled_by_invites_pushed_to_and_searched_b
     let check = Check::start(
         SUITE,
         "02-group-100k",
-        "ws; 99,999 users inserted in SQL, invited by the owner in 100 calls of ≤ 1,000 into a pull-mode group, \
-         then switched to push; 200 members online",
+        "ws; 99,999 users inserted in SQL, invited by the owner in 100 calls of ≤ 1,000 into a push-mode \
+         group; 200 members online",
         "the group reaches member_count 100,000 (= open periods, SQL) through 100 invite calls, each joining \
          its users; one more invite answers GROUP_FULL; one send is pushed to each of 200 connected members; \
          members?q=u-big-0123 returns exactly u-big-012300..012399 with next null; the roster query's plan \
-         (EXPLAIN, after ANALYZE) reads members through members_user_prefix, not a scan of the roster. The \
-         group is filled in pull mode: filled in push mode, each invite's fan-out replays its 1,000 joins over \
-         every member, online or not, and a send after the fill was pushed only ~180 s later",
+         (EXPLAIN, after ANALYZE) reads members through members_user_prefix, not a scan of the roster.",
     );
     let s = server().await;
     let own = s.user("u-own").await;
@@ -147,12 +145,10 @@ async fn a_group_of_100000_members_is_filled_by_invites_pushed_to_and_searched_b
     let users_in = started.elapsed();
     let mut owner = s.ws(&own).await;
     let conv = "g-big";
-    let create = json!({"kind": "group", "conv_id": conv, "name": "big", "members": [], "max_member": 100_000,
-                        "delivery_mode": "pull"});
+    let create = json!({"kind": "group", "conv_id": conv, "name": "big", "members": [], "max_member": 100_000});
     let created = owner.request("create_conversation", create).await;
     assert_eq!(created["ok"], true, "{created}");
     let (filled, fill_seen) = fill(&mut owner, &db, conv).await;
-    ok(ws_op(&mut owner, "update_group", json!({"conv_id": conv, "delivery_mode": "push"})).await, "push mode");
     let (pushed, push_seen) = push_to_online(&s, &mut owner, conv).await;
     let (searched, search_seen) = search(&mut owner, &db, conv).await;
     let pass = check.resolve(
