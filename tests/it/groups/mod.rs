@@ -132,14 +132,4 @@ pub async fn visible_events(ws: &mut Ws, conv: &str) -> Vec<Value> {
     }
 }
 
-/// The seqs of the events of `conv` in a push (`event` or `events`).
-pub fn pushed_seqs(push: &Value, conv: &str) -> Vec<i64> {
-    if push["conv_id"] != conv {
-        return vec![];
-    }
-    match push["push"].as_str() {
-        Some("event") => push["event"]["seq"].as_i64().into_iter().collect(),
-        Some("events") => push["events"].as_array().into_iter().flatten().filter_map(|e| e["seq"].as_i64()).collect(),
-        _ => vec![],
-    }
-}
+pub use crate::sync_points::pushed_seqs;
