@@ -5,6 +5,7 @@
 //! Records go to evidence/im-02.
 
 mod churn;
+mod edges;
 mod large;
 mod matrix;
 mod races;
