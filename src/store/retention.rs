@@ -39,10 +39,16 @@ SELECT c.conv_id FROM conversations c
                   AND e.created_at < now() - c.retention_ms * interval '1 millisecond')
  ORDER BY c.conv_id";
 
-/// Locks the row and finds where the chunk ends: the first seq of the chunk's
+/// Takes the conversation's row lock, in a statement of its own: a statement
+/// that waits for a row lock reads the row's new version but the rest of the
+/// database as of its start, so a chunk bounded in the statement that waited
+/// would miss the events a writer committed meanwhile and could purge them.
+const LOCK_ROW: &str = "SELECT 1 FROM conversations WHERE conv_id = $1 FOR NO KEY UPDATE";
+
+/// Where the chunk ends, under the row lock: the first seq of the chunk's
 /// range still inside the retention, else the range's end (capped at the head).
 const CHUNK_END: &str = "
-WITH c AS (SELECT min_seq, next_seq, retention_ms FROM conversations WHERE conv_id = $1 FOR NO KEY UPDATE)
+WITH c AS (SELECT min_seq, next_seq, retention_ms FROM conversations WHERE conv_id = $1)
 SELECT c.min_seq,
        CASE WHEN c.retention_ms IS NULL THEN c.min_seq
             ELSE coalesce((SELECT min(e.seq) FROM events e
@@ -104,10 +110,13 @@ impl Store {
         loop {
             let mut c = self.pool.get().await?;
             let tx = c.transaction().await?;
+            if tx.query_typed_opt(LOCK_ROW, &[(&conv.as_str(), Type::TEXT)]).await?.is_none() {
+                return Ok((events, tombstones)); // gone meanwhile: nothing to purge
+            }
             let Some(row) =
                 tx.query_typed_opt(CHUNK_END, &[(&conv.as_str(), Type::TEXT), (&chunk, Type::INT8)]).await?
             else {
-                return Ok((events, tombstones)); // gone meanwhile: nothing to purge
+                return Ok((events, tombstones));
             };
             let (from, to): (i64, i64) = (row.get(0), row.get(1));
             if to <= from {

@@ -24,6 +24,8 @@ mod limits;
 mod overload;
 mod persistence;
 mod presence;
+mod recall;
+mod retention;
 mod server;
 mod startup;
 mod store_rules;
