@@ -59,7 +59,8 @@ pub struct InboxItem {
 /// visible event), the conversation (14–29), read_seq, unread, last_event_at.
 ///
 /// The unread count reads a seq range of at most [`UNREAD_SCAN_ROWS`] after
-/// the cursor (seqs are gapless, P1, so that many rows at most), whatever
+/// the cursor, or after `min_seq` where retention purged past the cursor
+/// (seqs are gapless from `min_seq`, P1, so that many rows at most), whatever
 /// plan the planner picks: a LIMIT alone bounds only the rows that pass the
 /// filter, and the rows the user cannot count (its own messages) would pass
 /// unbounded. The LIMIT [`UNREAD_CAP`] then stops the count at "999+".
@@ -97,8 +98,8 @@ SELECT le.seq, le.kind, le.created_at, le.message_id, le.sender_user, le.sender_
     SELECT count(*) AS unread FROM (
       SELECT 1 FROM events e
        WHERE e.conv_id = page.conv_id
-         AND e.seq > greatest(coalesce(rc.read_seq, 0), page.from_seq - 1)
-         AND e.seq <= greatest(coalesce(rc.read_seq, 0), page.from_seq - 1) + {UNREAD_SCAN_ROWS}
+         AND e.seq > greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1)
+         AND e.seq <= greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1) + {UNREAD_SCAN_ROWS}
          AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1
        LIMIT {UNREAD_CAP}) x) u
  ORDER BY c.last_event_at DESC, c.conv_id"

@@ -13,7 +13,7 @@
 //! whoever takes the lock next — no double work, no lost tombstone.
 //! Membership periods are never purged: they are the truth of visibility.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use imcore_actors::ConvId;
 use tokio_postgres::types::Type;
@@ -105,9 +105,19 @@ impl Store {
 
     /// Purges `conv` chunk by chunk until its oldest kept event is inside
     /// its retention; `(events purged, tombstones written)`.
+    ///
+    /// Between chunks it rests as long as the chunk took: the conversation's
+    /// writers, which queued behind the chunk's lock (or, in the commit
+    /// stage, were left out and retried alone), get the row before the next
+    /// chunk takes it again — without the pause the purge would take it back
+    /// first, chunk after chunk, and hold a busy conversation's sends for the
+    /// whole purge.
     pub async fn purge_conversation(&self, conv: &ConvId, chunk: i64) -> Result<(u64, u64), StoreError> {
         let (mut events, mut tombstones) = (0, 0);
+        let mut rest = Duration::ZERO;
         loop {
+            tokio::time::sleep(rest).await;
+            let started = Instant::now();
             let mut c = self.pool.get().await?;
             let tx = c.transaction().await?;
             if tx.query_typed_opt(LOCK_ROW, &[(&conv.as_str(), Type::TEXT)]).await?.is_none() {
@@ -130,6 +140,7 @@ impl Store {
                 events += done.get::<_, i64>(0) as u64;
                 tombstones += done.get::<_, i64>(1) as u64;
             }
+            rest = started.elapsed();
         }
     }
 
