@@ -11,7 +11,9 @@
 //! Every run is bounded in messages and time and stops by itself, and checks
 //! what it wrote: a run that did not verify makes the command fail.
 
+mod environment;
 mod percentiles;
+mod senders;
 mod verdict;
 mod write;
 mod ws;
