@@ -42,10 +42,19 @@ pub fn probe_pair(without: [&Run; 2], with: [&Run; 2]) -> Value {
         "acked_per_s": both(&rate),
         "ack_p50_ms": both(&ack("p50")),
         "ack_p99_ms": both(&ack("p99")),
+        "lookup_phase_ms": both(&lookup_phase),
         "acked_per_s_ratio": ratio(&with, &without, rate),
         "ack_p50_ratio": ratio(&with, &without, ack("p50")),
         "ack_p99_ratio": ratio(&with, &without, ack("p99")),
+        "lookup_phase_ratio": ratio(&with, &without, lookup_phase),
     })
+}
+
+/// Mean ms of a run's write transactions in their `lookup` phase (the reads
+/// under the row lock, the tombstone probe among them): the probe's cost
+/// less the noise of the commits' WAL flushes on a shared machine.
+fn lookup_phase(r: &Run) -> Option<f64> {
+    r.phase_ms.iter().find(|(p, _)| *p == "lookup").and_then(|(_, ms)| *ms)
 }
 
 fn rate(r: &Run) -> Option<f64> {
