@@ -147,7 +147,7 @@ impl Bench<'_> {
 
     /// A short hot-group run, not recorded: the first run after PostgreSQL
     /// starts is slower (cold caches, connections), and would flatter
-    /// whatever it is compared with.
+    /// whatever is compared with it.
     async fn warm_up(&self) -> Result<(), BoxError> {
         let conv = group(&self.store, &self.users, &self.id("warm-up"), GroupSettings::default()).await?;
         self.hot_for(3, "warm-up", &conv, self.args.senders, "").await?;
