@@ -13,7 +13,7 @@
 //! whoever takes the lock next — no double work, no lost tombstone.
 //! Membership periods are never purged: they are the truth of visibility.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use imcore_actors::ConvId;
 use tokio_postgres::types::Type;
@@ -114,34 +114,40 @@ impl Store {
     /// whole purge.
     pub async fn purge_conversation(&self, conv: &ConvId, chunk: i64) -> Result<(u64, u64), StoreError> {
         let (mut events, mut tombstones) = (0, 0);
-        let mut rest = Duration::ZERO;
         loop {
-            tokio::time::sleep(rest).await;
             let started = Instant::now();
-            let mut c = self.pool.get().await?;
-            let tx = c.transaction().await?;
-            if tx.query_typed_opt(LOCK_ROW, &[(&conv.as_str(), Type::TEXT)]).await?.is_none() {
-                return Ok((events, tombstones)); // gone meanwhile: nothing to purge
-            }
-            let Some(row) =
-                tx.query_typed_opt(CHUNK_END, &[(&conv.as_str(), Type::TEXT), (&chunk, Type::INT8)]).await?
-            else {
+            let Some((e, t)) = self.purge_chunk(conv, chunk).await? else {
                 return Ok((events, tombstones));
             };
-            let (from, to): (i64, i64) = (row.get(0), row.get(1));
-            if to <= from {
-                return Ok((events, tombstones));
-            }
-            let done = tx
-                .query_typed(PURGE_CHUNK, &[(&conv.as_str(), Type::TEXT), (&from, Type::INT8), (&to, Type::INT8)])
-                .await?;
-            tx.commit().await?;
-            if let Some(done) = done.first() {
-                events += done.get::<_, i64>(0) as u64;
-                tombstones += done.get::<_, i64>(1) as u64;
-            }
-            rest = started.elapsed();
+            events += e;
+            tombstones += t;
+            tokio::time::sleep(started.elapsed()).await;
         }
+    }
+
+    /// One chunk of [`Store::purge_conversation`], one transaction:
+    /// `(events purged, tombstones written)`, or `None` when nothing of
+    /// `conv` is due (or it is gone). Public so a caller can pace or time
+    /// the chunks.
+    pub async fn purge_chunk(&self, conv: &ConvId, chunk: i64) -> Result<Option<(u64, u64)>, StoreError> {
+        let mut c = self.pool.get().await?;
+        let tx = c.transaction().await?;
+        if tx.query_typed_opt(LOCK_ROW, &[(&conv.as_str(), Type::TEXT)]).await?.is_none() {
+            return Ok(None); // gone meanwhile: nothing to purge
+        }
+        let Some(row) = tx.query_typed_opt(CHUNK_END, &[(&conv.as_str(), Type::TEXT), (&chunk, Type::INT8)]).await?
+        else {
+            return Ok(None);
+        };
+        let (from, to): (i64, i64) = (row.get(0), row.get(1));
+        if to <= from {
+            return Ok(None);
+        }
+        let done = tx
+            .query_typed(PURGE_CHUNK, &[(&conv.as_str(), Type::TEXT), (&from, Type::INT8), (&to, Type::INT8)])
+            .await?;
+        tx.commit().await?;
+        Ok(Some(done.first().map_or((0, 0), |d| (d.get::<_, i64>(0) as u64, d.get::<_, i64>(1) as u64))))
     }
 
     async fn expire_tombstones(&self, horizon_ms: i64) -> Result<u64, StoreError> {

@@ -7,11 +7,16 @@
 //!   child process per write path and drives it over real WebSocket
 //!   connections on loopback (hot group, fan-out, connection scale, latency at
 //!   half load). See `ws/mod.rs`.
+//! * `imcore-load retention` — in process: the purge rate, a hot group during
+//!   a purge, and sends that probe a million tombstones. See `retention/mod.rs`.
 //!
 //! Every run is bounded in messages and time and stops by itself, and checks
 //! what it wrote: a run that did not verify makes the command fail.
 
+mod environment;
 mod percentiles;
+mod retention;
+mod senders;
 mod verdict;
 mod write;
 mod ws;
@@ -38,6 +43,8 @@ enum Cmd {
     Write(write::Args),
     /// End to end over WebSocket against a server child process per write path.
     Ws(Box<ws::Args>),
+    /// In process: purge rate, a hot group during a purge, sends probing a million tombstones.
+    Retention(retention::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +52,7 @@ fn main() -> std::process::ExitCode {
     match cli.cmd {
         Some(Cmd::Ws(args)) => ws::main(*args),
         Some(Cmd::Write(args)) => write::main(args),
+        Some(Cmd::Retention(args)) => retention::main(args),
         None => write::main(cli.write),
     }
 }
