@@ -151,6 +151,7 @@ async fn a_client_that_never_reads_its_sync_replies_does_not_starve_the_pool() {
     // page costs the one worker thread ~20 ms to build and ~30 ms to encode,
     // so two at once already put single requests of others near 100 ms.
     const CONCURRENT: usize = 1;
+    let _cpu = crate::harness::alone_with_the_cpu().await;
     let s = TestServer::with(|c| {
         c.store.pool_size = POOL;
         c.ws.max_concurrent = CONCURRENT;

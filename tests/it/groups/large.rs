@@ -131,6 +131,7 @@ async fn a_group_of_100000_members_is_filled_by_invites_pushed_to_and_searched_b
          members?q=u-big-0123 returns exactly u-big-012300..012399 with next null; the roster query's plan \
          (EXPLAIN, after ANALYZE) reads members through members_user_prefix, not a scan of the roster.",
     );
+    let _cpu = crate::harness::alone_with_the_cpu().await;
     let s = server().await;
     let own = s.user("u-own").await;
     s.user("u-extra").await;
