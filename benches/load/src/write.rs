@@ -22,6 +22,17 @@ use serde_json::{json, Value};
 
 use crate::percentiles::Percentiles;
 
+mod latency;
+
+/// What `imcore-load write` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Hot group, many conversations, half load, the ceiling: `--out`.
+    All,
+    /// A lone sender's ack latency, C = `--latency-senders`: `--latency-out`.
+    Latency,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// PostgreSQL to load. Unset: an embedded PostgreSQL in --data-dir.
@@ -49,6 +60,13 @@ pub struct Args {
     commit_workers: usize,
     #[arg(long, default_value = "evidence/bench/hot-group.json")]
     out: PathBuf,
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    scenario: Scenario,
+    /// Concurrent senders of the latency runs (one op in flight each).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,8")]
+    latency_senders: Vec<usize>,
+    #[arg(long, default_value = "evidence/bench/latency.json")]
+    latency_out: PathBuf,
 }
 
 const GROUP_MEMBERS: usize = 64;
@@ -82,6 +100,9 @@ async fn run(args: Args) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let users: Vec<UserId> = (0..GROUP_MEMBERS).map(|i| uid(&format!("load-{run_id}-u{i}"))).collect();
     for u in &users {
         store.create_user(u, None).await?;
+    }
+    if args.scenario == Scenario::Latency {
+        return latency::run(&store, &args, &users, &run_id).await;
     }
     let mut runs = vec![];
     let mut max_actor_rate: f64 = 0.0;
