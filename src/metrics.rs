@@ -159,7 +159,7 @@ pub fn observe_write_phase(phase: &'static str, elapsed: Duration) {
 }
 
 /// The write-transaction phases, in order.
-pub const WRITE_PHASES: [&str; 6] = ["pool", "begin", "lock", "lookup", "append", "commit"];
+pub const WRITE_PHASES: [&str; 4] = ["pool", "lock", "apply", "commit"];
 
 /// `(total seconds, transactions)` per phase so far, in [`WRITE_PHASES`]
 /// order; two readings give the mean per transaction in between.

@@ -19,6 +19,17 @@ use serde_json::{json, Value};
 use crate::environment::{self, BoxError};
 use crate::senders::{body, create_users, group, measured, path_name, summary_line, writer, Budget, Load, Run};
 
+mod latency;
+
+/// What `imcore-load write` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Hot group, many conversations, half load, the ceiling: `--out`.
+    All,
+    /// A lone sender's ack latency, C = `--latency-senders`: `--latency-out`.
+    Latency,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// PostgreSQL to load. Unset: an embedded PostgreSQL in --data-dir.
@@ -46,6 +57,13 @@ pub struct Args {
     commit_workers: usize,
     #[arg(long, default_value = "evidence/bench/hot-group.json")]
     out: PathBuf,
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    scenario: Scenario,
+    /// Concurrent senders of the latency runs (one op in flight each).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,8")]
+    latency_senders: Vec<usize>,
+    #[arg(long, default_value = "evidence/bench/latency.json")]
+    latency_out: PathBuf,
 }
 
 impl Args {
@@ -70,6 +88,9 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, args.pool_size).await?;
     let run_id = format!("{:x}", chrono::Utc::now().timestamp_millis());
     let users = create_users(&store, &format!("load-{run_id}")).await?;
+    if args.scenario == Scenario::Latency {
+        return latency::run(&store, &args, &users, &run_id).await;
+    }
     let mut runs = vec![];
     let mut max_actor_rate: f64 = 0.0;
     for &senders in &args.senders {

@@ -1,7 +1,7 @@
 //! The one INSERT of every event of a transaction, with the row updates.
 
 use tokio_postgres::types::Type;
-use tokio_postgres::Transaction;
+use tokio_postgres::Client;
 use uuid::Uuid;
 
 use super::batch::BatchBuilder;
@@ -104,7 +104,7 @@ impl<'a> EventColumns<'a> {
 
 /// Writes every event the transaction's batches accumulated and moves each
 /// conversation row on (`next_seq`, `member_version`, `member_count`), at once.
-pub(super) async fn append_events(tx: &Transaction<'_>, builders: &[(usize, BatchBuilder)]) -> Result<(), StoreError> {
+pub(super) async fn append_events(tx: &Client, builders: &[(usize, BatchBuilder)]) -> Result<(), StoreError> {
     let mut cols = EventColumns::default();
     let (mut convs, mut next_seqs, mut bumps, mut counts) = (vec![], vec![], vec![], vec![]);
     let (mut erased_convs, mut erased_seqs) = (vec![], vec![]);

@@ -227,7 +227,6 @@ mod tests {
             mute_all: false,
             join_mode,
             delivery_mode: DeliveryMode::Push,
-            purged: false,
             now: Utc::now(),
             recall_window_ms: 120_000,
         };

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use imcore_actors::{ClientMsgId, ConvId, UserId};
 use tokio_postgres::types::Type;
-use tokio_postgres::Transaction;
+use tokio_postgres::Client;
 
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
 use super::recall::{Target, Targets};
@@ -25,8 +25,6 @@ pub(super) struct ConvRow {
     pub(super) mute_all: bool,
     pub(super) join_mode: JoinMode,
     pub(super) delivery_mode: DeliveryMode,
-    /// Retention purged something once (`min_seq > 1`), so tombstones may exist.
-    pub(super) purged: bool,
     /// Transaction time, in ms: the `created_at` of everything the batch appends.
     pub(super) now: DateTime<Utc>,
     pub(super) recall_window_ms: i64,
@@ -51,7 +49,7 @@ macro_rules! lock_conversations_sql {
     ($wait:literal) => {
         concat!(
             "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
-            "join_mode, delivery_mode, min_seq, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms ",
+            "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms ",
             "FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
         )
@@ -70,14 +68,17 @@ const EXISTING_CONVERSATIONS: &str = "SELECT conv_id FROM conversations WHERE co
 
 /// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
 /// join against the key list can scan the whole conversation). Tombstones are
-/// probed only where retention ever purged (`min_seq > 1`).
+/// probed only where retention ever purged (`min_seq > 1`), read from the
+/// row itself: the statement runs behind the lock statement, whose result it
+/// cannot wait for.
 const LOOKUP_REQUEST_KEYS: &str = "
 SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[]) AS k(conv, u, c, purged)
+  FROM unnest($1::text[], $2::text[], $3::text[]) AS k(conv, u, c)
+  JOIN conversations c ON c.conv_id = k.conv
   LEFT JOIN LATERAL (SELECT seq, message_id, request_hash, created_at FROM events
                       WHERE conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c LIMIT 1) e ON true
   LEFT JOIN LATERAL (SELECT request_hash FROM idem_tombstones
-                      WHERE k.purged AND conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c) t ON true
+                      WHERE c.min_seq > 1 AND conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c) t ON true
  WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
 
 /// The standings of (conversation, user) pairs, by primary key.
@@ -91,8 +92,8 @@ SELECT a.conv_id, a.user_id FROM group_applications a
 
 const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::text[])";
 
-pub(super) async fn lock_conversations(
-    tx: &Transaction<'_>,
+async fn lock_conversations(
+    tx: &Client,
     jobs: &[BatchJob],
     mode: LockMode,
 ) -> Result<HashMap<ConvId, ConvRow>, StoreError> {
@@ -115,30 +116,83 @@ pub(super) async fn lock_conversations(
                 mute_all: r.get(6),
                 join_mode: r.get::<_, &str>(7).parse().unwrap_or(JoinMode::Invite),
                 delivery_mode: r.get::<_, &str>(8).parse().unwrap_or(DeliveryMode::Push),
-                purged: r.get::<_, i64>(9) > 1,
-                now: r.get(10),
-                group: r.get(11),
-                recall_window_ms: r.get(12),
+                now: r.get(9),
+                group: r.get(10),
+                recall_window_ms: r.get(11),
             };
             Some((conv, row))
         })
         .collect())
 }
 
-/// The conversations of `jobs` that exist but whose rows `locked` lacks: held
-/// by another transaction when the rows were taken with `SKIP LOCKED`. A
-/// conversation that does not exist is not among them (it answers as unknown).
-pub(super) async fn held_elsewhere(
-    tx: &Transaction<'_>,
-    jobs: &[BatchJob],
-    locked: &HashMap<ConvId, ConvRow>,
-) -> Result<HashSet<ConvId>, StoreError> {
-    let missing: Vec<&str> = jobs.iter().filter(|j| !locked.contains_key(&j.conv)).map(|j| j.conv.as_str()).collect();
-    if missing.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let rows = tx.query_typed(EXISTING_CONVERSATIONS, &[(&missing, Type::TEXT_ARRAY)]).await?;
+/// Which conversations of `jobs` exist, read without locking (a row another
+/// transaction holds is still read): those that exist but that a `SKIP
+/// LOCKED` lock statement did not return are held elsewhere.
+async fn existing_conversations(tx: &Client, jobs: &[BatchJob]) -> Result<HashSet<ConvId>, StoreError> {
+    let ids: Vec<&str> = jobs.iter().map(|j| j.conv.as_str()).collect();
+    let rows = tx.query_typed(EXISTING_CONVERSATIONS, &[(&ids, Type::TEXT_ARRAY)]).await?;
     Ok(rows.iter().filter_map(|r| ConvId::parse(r.get(0)).ok()).collect())
+}
+
+/// What a write transaction read: the rows it locked, and what the checks
+/// of its ops need.
+pub(super) struct Reads {
+    pub(super) rows: HashMap<ConvId, ConvRow>,
+    /// Conversations that exist but whose rows another transaction holds
+    /// (`SKIP LOCKED` only): none of their statements' results count.
+    pub(super) held: HashSet<ConvId>,
+    pub(super) prior: HashMap<RequestKey, Prior>,
+    pub(super) standings: Standings,
+    pub(super) known_users: HashSet<UserId>,
+    pub(super) applications: HashMap<ConvId, HashSet<UserId>>,
+    pub(super) recall_targets: HashMap<ConvId, Targets>,
+}
+
+/// `begin`, the lock statement and every read under it in one round trip:
+/// the reads go out behind the lock statement without waiting for its
+/// result. The server runs them in order, so each read starts once the locks
+/// are held and, under READ COMMITTED, sees every transaction committed
+/// before (ARCHITECTURE §3). A failure is the first one in that order (a
+/// failed statement aborts the transaction, which fails those behind it).
+pub(super) async fn lock_and_read<B>(
+    tx: &Client,
+    begin: B,
+    jobs: &mut [BatchJob],
+    mode: LockMode,
+) -> Result<Reads, StoreError>
+where
+    B: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
+{
+    let pairs = standings_to_read(jobs);
+    let jobs = &*jobs;
+    let existing = async {
+        match mode {
+            LockMode::Wait => Ok(HashSet::new()),
+            LockMode::SkipLocked => existing_conversations(tx, jobs).await,
+        }
+    };
+    let (begun, rows, existing, prior, standings, known_users, applications, recall_targets) = futures_util::join!(
+        begin,
+        lock_conversations(tx, jobs, mode),
+        existing,
+        lookup_request_keys(tx, jobs),
+        read_standings(tx, pairs),
+        lookup_joiners(tx, jobs),
+        lookup_applications(tx, jobs),
+        lookup_recall_targets(tx, jobs),
+    );
+    begun?;
+    let rows = rows?;
+    let held = existing?.into_iter().filter(|c| !rows.contains_key(c)).collect();
+    Ok(Reads {
+        rows,
+        held,
+        prior: prior?,
+        standings: standings?,
+        known_users: known_users?,
+        applications: applications?,
+        recall_targets: recall_targets?,
+    })
 }
 
 /// An earlier event or tombstone of a request key.
@@ -156,20 +210,14 @@ pub(super) struct SendAckWithHash {
 
 pub(super) type RequestKey = (ConvId, UserId, ClientMsgId);
 
-pub(super) async fn lookup_request_keys(
-    tx: &Transaction<'_>,
-    jobs: &[BatchJob],
-    rows: &HashMap<ConvId, ConvRow>,
-) -> Result<HashMap<RequestKey, Prior>, StoreError> {
-    let (mut convs, mut users, mut keys, mut purged) = (vec![], vec![], vec![], vec![]);
+async fn lookup_request_keys(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<RequestKey, Prior>, StoreError> {
+    let (mut convs, mut users, mut keys) = (vec![], vec![], vec![]);
     for job in jobs {
-        let Some(row) = rows.get(&job.conv) else { continue };
         for op in &job.ops {
             if let WriteOp::Send(s) = op {
                 convs.push(job.conv.as_str());
                 users.push(s.sender.as_str());
                 keys.push(s.client_msg_id.as_str());
-                purged.push(row.purged);
             }
         }
     }
@@ -179,12 +227,7 @@ pub(super) async fn lookup_request_keys(
     let rows = tx
         .query_typed(
             LOOKUP_REQUEST_KEYS,
-            &[
-                (&convs, Type::TEXT_ARRAY),
-                (&users, Type::TEXT_ARRAY),
-                (&keys, Type::TEXT_ARRAY),
-                (&purged, Type::BOOL_ARRAY),
-            ],
+            &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY), (&keys, Type::TEXT_ARRAY)],
         )
         .await?;
     let mut prior = HashMap::with_capacity(rows.len());
@@ -203,15 +246,63 @@ pub(super) async fn lookup_request_keys(
     Ok(prior)
 }
 
-/// Brings each job's roster up to the users its ops name: a cache whose
-/// `member_version` is not the row's starts empty, and the standings of the
-/// users it does not know are read by primary key, for every job at once.
-pub(super) async fn load_standings(
-    tx: &Transaction<'_>,
+/// The standings a transaction read: of the (conversation, user) pairs it
+/// asked for, those that are members.
+#[derive(Default)]
+pub(super) struct Standings {
+    asked: HashSet<(ConvId, UserId)>,
+    found: HashMap<(ConvId, UserId), Standing>,
+}
+
+/// The pairs to read for `jobs`: the users their ops name that their caches
+/// do not know, taking each cache as current (the row's `member_version` is
+/// not known yet: the read goes out behind the lock statement). A roster
+/// past [`ROSTER_CACHE_USERS`] starts again from the users of the batch.
+fn standings_to_read(jobs: &mut [BatchJob]) -> Vec<(ConvId, UserId)> {
+    let mut pairs = vec![];
+    for job in jobs.iter_mut() {
+        let named: HashSet<&UserId> = job.ops.iter().flat_map(WriteOp::users).collect();
+        let roster = &mut job.cache.roster;
+        if roster.len() + named.iter().filter(|u| !roster.knows(u)).count() > ROSTER_CACHE_USERS {
+            *roster = Roster::default();
+        }
+        pairs.extend(named.into_iter().filter(|u| !roster.knows(u)).map(|u| (job.conv.clone(), u.clone())));
+    }
+    pairs
+}
+
+/// The standings of `pairs`, by primary key.
+pub(super) async fn read_standings(tx: &Client, pairs: Vec<(ConvId, UserId)>) -> Result<Standings, StoreError> {
+    if pairs.is_empty() {
+        return Ok(Standings::default());
+    }
+    let convs: Vec<&str> = pairs.iter().map(|(c, _)| c.as_str()).collect();
+    let users: Vec<&str> = pairs.iter().map(|(_, u)| u.as_str()).collect();
+    let rows = tx.query_typed(LOAD_STANDINGS, &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY)]).await?;
+    let mut found = HashMap::with_capacity(rows.len());
+    for r in &rows {
+        let (Ok(conv), Ok(user)) = (ConvId::parse(r.get(0)), UserId::parse(r.get(1))) else { continue };
+        let standing = Standing {
+            role: r.get::<_, &str>(2).parse().unwrap_or(Role::Member),
+            mute_until: r.get(3),
+            role_until: r.get(4),
+            extra_perms: r.get::<_, i32>(5).max(0) as u32,
+        };
+        found.insert((conv, user), standing);
+    }
+    Ok(Standings { asked: pairs.into_iter().collect(), found })
+}
+
+/// Brings each job's roster up to the users its ops name, from `read`: a
+/// cache whose `member_version` is not the locked row's starts empty. The
+/// pairs `read` did not ask for (a cache that turned out stale) are
+/// returned, to be read now, under the lock.
+pub(super) fn settle_standings(
     jobs: &mut [BatchJob],
     rows: &HashMap<ConvId, ConvRow>,
-) -> Result<(), StoreError> {
-    let (mut convs, mut users) = (vec![], vec![]);
+    read: &Standings,
+) -> Vec<(ConvId, UserId)> {
+    let mut unread = vec![];
     for job in jobs.iter_mut() {
         let Some(row) = rows.get(&job.conv) else { continue };
         let cache = &mut job.cache;
@@ -219,47 +310,27 @@ pub(super) async fn load_standings(
             *cache = ConvCache { member_version: Some(row.member_version), roster: Roster::default() };
         }
         let named: HashSet<&UserId> = job.ops.iter().flat_map(WriteOp::users).collect();
-        let unknown: Vec<&UserId> = named.iter().copied().filter(|u| !cache.roster.knows(u)).collect();
-        if cache.roster.len() + unknown.len() > ROSTER_CACHE_USERS {
-            cache.roster = Roster::default();
-        }
-        for u in named.into_iter().filter(|u| !cache.roster.knows(u)) {
-            convs.push(job.conv.as_str());
-            users.push(u.as_str());
-        }
-    }
-    if users.is_empty() {
-        return Ok(());
-    }
-    let found = tx.query_typed(LOAD_STANDINGS, &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY)]).await?;
-    let mut standings: HashMap<(&str, &str), Standing> = HashMap::with_capacity(found.len());
-    for r in &found {
-        let standing = Standing {
-            role: r.get::<_, &str>(2).parse().unwrap_or(Role::Member),
-            mute_until: r.get(3),
-            role_until: r.get(4),
-            extra_perms: r.get::<_, i32>(5).max(0) as u32,
-        };
-        standings.insert((r.get(0), r.get(1)), standing);
-    }
-    for job in jobs.iter_mut() {
-        let (conv, roster) = (job.conv.as_str(), &mut job.cache.roster);
-        let named: Vec<UserId> = job.ops.iter().flat_map(WriteOp::users).cloned().collect();
         for user in named {
-            if !roster.knows(&user) {
-                match standings.get(&(conv, user.as_str())).cloned() {
-                    Some(standing) => roster.insert(user, standing),
-                    None => roster.remove(&user),
-                }
+            if cache.roster.knows(user) {
+                continue;
+            }
+            let pair = (job.conv.clone(), user.clone());
+            if !read.asked.contains(&pair) {
+                unread.push(pair);
+                continue;
+            }
+            match read.found.get(&pair) {
+                Some(standing) => cache.roster.insert(pair.1, standing.clone()),
+                None => cache.roster.remove(&pair.1),
             }
         }
     }
-    Ok(())
+    unread
 }
 
 /// Which of the users that `ops` want to add exist (a join or invite of an
 /// unknown user is `NOT_FOUND`).
-pub(super) async fn lookup_joiners(tx: &Transaction<'_>, jobs: &[BatchJob]) -> Result<HashSet<UserId>, StoreError> {
+async fn lookup_joiners(tx: &Client, jobs: &[BatchJob]) -> Result<HashSet<UserId>, StoreError> {
     let joiners: Vec<&str> = jobs
         .iter()
         .flat_map(|j| &j.ops)
@@ -279,10 +350,7 @@ pub(super) async fn lookup_joiners(tx: &Transaction<'_>, jobs: &[BatchJob]) -> R
 
 /// The pending applications, per conversation, of the users whose
 /// application an op of `jobs` may file, decide or supersede.
-pub(super) async fn lookup_applications(
-    tx: &Transaction<'_>,
-    jobs: &[BatchJob],
-) -> Result<HashMap<ConvId, HashSet<UserId>>, StoreError> {
+async fn lookup_applications(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<ConvId, HashSet<UserId>>, StoreError> {
     let (mut convs, mut users) = (vec![], vec![]);
     for job in jobs {
         for op in &job.ops {
@@ -325,10 +393,7 @@ SELECT k.conv, k.u, k.s, e.sender_user, e.created_at,
   JOIN events e ON e.conv_id = k.conv AND e.seq = k.s AND e.kind = 'msg'";
 
 /// The targets of the `recall`s of `jobs`, per conversation.
-pub(super) async fn lookup_recall_targets(
-    tx: &Transaction<'_>,
-    jobs: &[BatchJob],
-) -> Result<HashMap<ConvId, Targets>, StoreError> {
+async fn lookup_recall_targets(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<ConvId, Targets>, StoreError> {
     let (mut convs, mut users, mut seqs) = (vec![], vec![], vec![]);
     for job in jobs {
         for op in &job.ops {

@@ -4,7 +4,7 @@
 
 use imcore_actors::ConvId;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Transaction;
+use tokio_postgres::Client;
 
 use super::batch::{ConvPatch, MemberChange};
 use crate::store::StoreError;
@@ -42,7 +42,7 @@ ON CONFLICT (conv_id, user_id) DO NOTHING";
 const UNAPPLY: &str = "DELETE FROM group_applications WHERE conv_id = $1 AND user_id = $2";
 
 pub(super) async fn write_member_changes(
-    tx: &Transaction<'_>,
+    tx: &Client,
     conv: &ConvId,
     changes: &[MemberChange],
 ) -> Result<(), StoreError> {
@@ -93,7 +93,7 @@ pub(super) async fn write_member_changes(
 }
 
 /// A run of opening (or of closing) periods, in one statement.
-async fn periods(tx: &Transaction<'_>, conv: &str, run: &[MemberChange]) -> Result<(), StoreError> {
+async fn periods(tx: &Client, conv: &str, run: &[MemberChange]) -> Result<(), StoreError> {
     let (mut users, mut seqs, mut roles) = (vec![], vec![], vec![]);
     for change in run {
         match change {
@@ -124,7 +124,7 @@ async fn periods(tx: &Transaction<'_>, conv: &str, run: &[MemberChange]) -> Resu
 }
 
 /// Writes the batch's changes to the conversation row's settings, owner and status.
-pub(super) async fn write_conv_patch(tx: &Transaction<'_>, conv: &ConvId, patch: &ConvPatch) -> Result<(), StoreError> {
+pub(super) async fn write_conv_patch(tx: &Client, conv: &ConvId, patch: &ConvPatch) -> Result<(), StoreError> {
     if patch.is_empty() {
         return Ok(());
     }

@@ -6,13 +6,16 @@
 //! before any statement of its batch runs, and handed back to be committed on
 //! its own, so it never makes the others wait. Whatever fails after that
 //! fails the transaction as a whole; each job then learns whether nothing of
-//! it took effect (failed before COMMIT was sent) or its fate is unknown
-//! (COMMIT failed), which decides whether it may run again.
+//! it took effect (a statement failed: the server refused it, or the
+//! connection failed before COMMIT was sent) or its fate is unknown (COMMIT,
+//! sent behind the INSERT, failed or may have run), which decides whether it
+//! may run again.
 
 use std::sync::Arc;
 
-use super::lookup::{held_elsewhere, lock_conversations, LockMode};
-use super::{apply_batches, BatchJob, ConvCache, Phase, WrittenBatch};
+use super::lookup::{lock_and_read, LockMode};
+use super::txn::WriteTx;
+use super::{append_and_commit, apply_batches, BatchJob, ConvCache, Phase, Unfinished, WrittenBatch};
 use crate::store::{Store, StoreError};
 
 /// What became of one job of a merged transaction.
@@ -36,39 +39,32 @@ impl Store {
     /// LOCKED`), one lookup of every request key, one INSERT of every event.
     /// Each conversation's ops keep their order and their own outcomes. One
     /// share per job, in the order of `jobs`.
-    pub(in crate::store) async fn write_merged(&self, jobs: Vec<BatchJob>) -> Vec<Share> {
+    pub(in crate::store) async fn write_merged(&self, mut jobs: Vec<BatchJob>) -> Vec<Share> {
         let mut phase = Phase::start();
-        let mut conn = match self.pool.get().await {
+        let conn = match self.pool.get().await {
             Ok(conn) => conn,
             Err(e) => return rolled_back(jobs, e.into()),
         };
         phase.end("pool");
-        let tx = match conn.transaction().await {
-            Ok(tx) => tx,
-            Err(e) => return rolled_back(jobs, e.into()),
-        };
-        phase.end("begin");
-        let taken = match lock_conversations(&tx, &jobs, LockMode::SkipLocked).await {
-            Ok(rows) => held_elsewhere(&tx, &jobs, &rows).await.map(|held| (rows, held)),
-            Err(e) => Err(e),
-        };
-        let (rows, held) = match taken {
-            Ok(taken) => taken,
+        let tx = WriteTx::new(&conn);
+        let mut reads = match lock_and_read(tx.client(), tx.begin(), &mut jobs, LockMode::SkipLocked).await {
+            Ok(reads) => reads,
             Err(e) => return rolled_back(jobs, e),
         };
         phase.end("lock");
+        let held = std::mem::take(&mut reads.held);
         let left_out: Vec<bool> = jobs.iter().map(|j| held.contains(&j.conv)).collect();
         let (mut running, locked): (Vec<BatchJob>, Vec<BatchJob>) =
             jobs.into_iter().partition(|j| !held.contains(&j.conv));
 
-        let ran = match apply_batches(&tx, &mut running, &rows, &mut phase).await {
-            Ok(written) => match tx.commit().await {
-                Ok(()) => {
-                    phase.end("commit");
+        let ran = match apply_batches(tx.client(), &mut running, reads, &mut phase).await {
+            Ok(applied) => match append_and_commit(tx, applied, &mut phase).await {
+                Ok(written) => {
                     written.into_iter().zip(running).map(|(w, job)| Share::Committed(w, job.cache)).collect()
                 }
-                Err(e) => {
-                    let e = Arc::new(StoreError::from(e));
+                Err(Unfinished::RolledBack(e)) => rolled_back(running, e),
+                Err(Unfinished::Unknown(e)) => {
+                    let e = Arc::new(e);
                     running.iter().map(|_| Share::Unknown(e.clone())).collect()
                 }
             },

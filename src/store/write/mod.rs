@@ -2,11 +2,12 @@
 //! (ARCHITECTURE §3), or the batches of several conversations at once (the
 //! commit stage, `merged`). The `direct` write path runs it with one op.
 //!
-//! Round trips: lock; one replay + tombstone lookup for every request key of the
-//! batch; the standings of the users the ops name that the cache does not
-//! know; for group ops, which invitees exist and their applications; the
-//! membership and settings changes, if any; one multi-row INSERT with the
-//! `next_seq` UPDATE; COMMIT.
+//! Round trips, each a pipeline (`txn`): BEGIN, the lock and every read the
+//! checks need (replay + tombstone lookup of every request key, the standings
+//! of the users the ops name that the cache does not know, for group ops
+//! which invitees exist and their applications, recall targets); the
+//! membership and settings changes, if any; the one multi-row INSERT with the
+//! `next_seq` UPDATE, and COMMIT.
 //!
 //! * `ops` — the write requests and their outcomes.
 //! * `lookup` — the reads under the lock: rows, request keys, standings, users.
@@ -14,6 +15,7 @@
 //!   `send`, `membership` and `group` hold the rules of each op.
 //! * `member_rows` — the SQL of membership and settings changes.
 //! * `append` — the one INSERT of every event and the row updates.
+//! * `txn` — BEGIN and COMMIT, sent along with the statements next to them.
 //! * `merged` — the commit stage's transaction: what happens to each job of
 //!   it (committed, left out because its row is held elsewhere, rolled back).
 
@@ -27,27 +29,26 @@ mod merged;
 mod ops;
 mod recall;
 mod send;
+mod txn;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use imcore_actors::{ConvId, UserId};
-use tokio_postgres::Transaction;
+use tokio_postgres::{Client, Transaction};
 
 use super::{Store, StoreError};
 use crate::domain::{DeliveryMode, Event, Rejection, Standing};
 use append::append_events;
 use batch::BatchBuilder;
-use lookup::{
-    load_standings, lock_conversations, lookup_applications, lookup_joiners, lookup_recall_targets,
-    lookup_request_keys, ConvRow, LockMode,
-};
+use lookup::{lock_and_read, read_standings, settle_standings, LockMode, Reads};
 use member_rows::{write_conv_patch, write_member_changes};
 pub(super) use merged::Share;
 pub use ops::{
     GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, RecallAck, RecallOp, SendAck, SendOp, WriteOp,
     WriteOutcome, Written,
 };
+use txn::WriteTx;
 
 /// A committed batch: one outcome per op, and what it appended.
 #[derive(Debug)]
@@ -161,14 +162,16 @@ impl Store {
     /// waits for the row lock (at most `lock_timeout`) if another holds it.
     pub(in crate::store) async fn write_job(&self, job: BatchJob) -> Result<(WrittenBatch, ConvCache), StoreError> {
         let mut phase = Phase::start();
-        let mut conn = self.pool.get().await?;
+        let conn = self.pool.get().await?;
         phase.end("pool");
-        let tx = conn.transaction().await?;
-        phase.end("begin");
-        let written = apply_job(&tx, job, &mut phase).await?;
-        tx.commit().await?;
-        phase.end("commit");
-        Ok(written)
+        let tx = WriteTx::new(&conn);
+        let mut jobs = [job];
+        let reads = lock_and_read(tx.client(), tx.begin(), &mut jobs, LockMode::Wait).await?;
+        phase.end("lock");
+        let applied = apply_batches(tx.client(), &mut jobs, reads, &mut phase).await?;
+        let mut written = append_and_commit(tx, applied, &mut phase).await.map_err(Unfinished::into_error)?;
+        let [job] = jobs;
+        Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
     }
 }
 
@@ -178,41 +181,86 @@ pub(super) async fn apply_ops(
     conv: &ConvId,
     ops: Vec<WriteOp>,
 ) -> Result<WrittenBatch, StoreError> {
-    let job = BatchJob { conv: conv.clone(), cache: ConvCache::default(), ops };
-    Ok(apply_job(tx, job, &mut Phase::start()).await?.0)
+    let mut jobs = [BatchJob { conv: conv.clone(), cache: ConvCache::default(), ops }];
+    let mut phase = Phase::start();
+    let reads = lock_and_read(tx.client(), std::future::ready(Ok(())), &mut jobs, LockMode::Wait).await?;
+    let mut applied = apply_batches(tx.client(), &mut jobs, reads, &mut phase).await?;
+    append_events(tx.client(), &applied.builders).await?;
+    applied.take_events();
+    applied.written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
 }
 
-/// Locks `job`'s conversation row (waiting for it) and applies the job inside
-/// `tx`; the batch written and the cache after it.
-async fn apply_job(
-    tx: &Transaction<'_>,
-    job: BatchJob,
+/// The batches of a transaction, applied but not yet appended.
+struct Applied {
+    written: Vec<WrittenBatch>,
+    /// The batches that append, with the index of each in `written`.
+    builders: Vec<(usize, BatchBuilder)>,
+}
+
+impl Applied {
+    /// Moves the appended events into `written`.
+    fn take_events(&mut self) {
+        for (i, b) in self.builders.drain(..) {
+            self.written[i].appended.events = b.events;
+        }
+    }
+}
+
+/// How a transaction failed at its last round trip (INSERT and COMMIT).
+#[derive(Debug)]
+enum Unfinished {
+    /// The server refused the INSERT: the transaction was aborted and COMMIT
+    /// rolled it back; nothing took effect.
+    RolledBack(StoreError),
+    /// COMMIT failed, or the connection did before the INSERT's reply (which
+    /// COMMIT followed): it may or may not have taken effect.
+    Unknown(StoreError),
+}
+
+impl Unfinished {
+    fn into_error(self) -> StoreError {
+        match self {
+            Unfinished::RolledBack(e) | Unfinished::Unknown(e) => e,
+        }
+    }
+}
+
+/// Sends the one INSERT and COMMIT together (one round trip), and learns from
+/// the INSERT's reply whether COMMIT committed anything.
+async fn append_and_commit(
+    tx: WriteTx<'_>,
+    mut applied: Applied,
     phase: &mut Phase,
-) -> Result<(WrittenBatch, ConvCache), StoreError> {
-    let mut jobs = [job];
-    let rows = lock_conversations(tx, &jobs, LockMode::Wait).await?;
-    phase.end("lock");
-    let mut written = apply_batches(tx, &mut jobs, &rows, phase).await?;
-    let [job] = jobs;
-    Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
+) -> Result<Vec<WrittenBatch>, Unfinished> {
+    let client = tx.client();
+    let (appended, committed) = futures_util::join!(append_events(client, &applied.builders), tx.commit());
+    match appended {
+        Err(StoreError::Db(e)) if e.as_db_error().is_some() => return Err(Unfinished::RolledBack(e.into())),
+        Err(e) => return Err(Unfinished::Unknown(e)),
+        Ok(()) => committed.map_err(|e| Unfinished::Unknown(e.into()))?,
+    }
+    phase.end("commit");
+    applied.take_events();
+    Ok(applied.written)
 }
 
-/// Applies every job inside `tx`, which the caller commits, against `rows`:
-/// the conversation rows `tx` holds locked (a job without one answers as an
-/// unknown conversation). Checks run in the order of PROTOCOL §5 `send`.
+/// Applies every job against the rows `reads` holds locked (a job without
+/// one answers as an unknown conversation), up to the INSERT, which the
+/// caller sends. Checks run in the order of PROTOCOL §5 `send`.
 async fn apply_batches(
-    tx: &Transaction<'_>,
+    tx: &Client,
     jobs: &mut [BatchJob],
-    rows: &HashMap<ConvId, ConvRow>,
+    reads: Reads,
     phase: &mut Phase,
-) -> Result<Vec<WrittenBatch>, StoreError> {
-    load_standings(tx, jobs, rows).await?;
-    let prior = lookup_request_keys(tx, jobs, rows).await?;
-    let known_users = lookup_joiners(tx, jobs).await?;
-    let applications = lookup_applications(tx, jobs).await?;
-    let recall_targets = lookup_recall_targets(tx, jobs).await?;
+) -> Result<Applied, StoreError> {
+    let unread = settle_standings(jobs, &reads.rows, &reads.standings);
+    if !unread.is_empty() {
+        // A cache found stale under the lock: its users, read now.
+        let standings = read_standings(tx, unread).await?;
+        settle_standings(jobs, &reads.rows, &standings);
+    }
+    let Reads { rows, prior, known_users, applications, recall_targets, .. } = reads;
     let (no_applications, no_targets) = (HashSet::new(), HashMap::new());
-    phase.end("lookup");
 
     let mut written = Vec::with_capacity(jobs.len());
     let mut builders = Vec::with_capacity(jobs.len());
@@ -252,10 +300,6 @@ async fn apply_batches(
         written.push(WrittenBatch { outcomes, appended });
         builders.push((written.len() - 1, b));
     }
-    append_events(tx, &builders).await?;
-    phase.end("append");
-    for (i, b) in builders {
-        written[i].appended.events = b.events;
-    }
-    Ok(written)
+    phase.end("apply");
+    Ok(Applied { written, builders })
 }
