@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::env::{cid, text, uid, Env, Path, PathName, WriteErr};
 use crate::evidence::record;
 
-mod races;
+pub mod races;
 
 use races::{
     concurrent_replay_one_row, control_gapless_without_row_lock, control_replay_without_row_lock, demo_sequence_gaps,

@@ -134,10 +134,10 @@ async fn race_identical_sends(env: &Env, writers: &[Writer], conv: &ConvId, key:
     }
 }
 
-/// Waits (polling, at most a few seconds) until `n` backends of this
-/// database wait on a lock; false if they never do.
-async fn waiting_on_locks(c: &tokio_postgres::Client, n: i64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(4);
+/// Waits (polling, at most ten seconds) until `n` backends of this database
+/// other than `c`'s wait on a lock; false if they never do.
+pub async fn waiting_on_locks(c: &tokio_postgres::Client, n: i64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         let waiting: i64 = c
             .query_one(

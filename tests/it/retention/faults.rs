@@ -11,28 +11,7 @@ use serde_json::json;
 use super::{age_all, hour_group, log_shape, old_history, tombstones, SUITE};
 use crate::env::{text, Env, Path};
 use crate::evidence::Check;
-
-/// Waits (polling, a bounded time) until `n` backends of this database other
-/// than `c`'s wait on a lock; false if they never do.
-async fn waiting_on_locks(c: &tokio_postgres::Client, n: i64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let waiting: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0);
-        if waiting >= n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    false
-}
+use crate::persistence::races::waiting_on_locks;
 
 #[actix_web::test]
 async fn a_send_committed_while_the_purge_waits_for_the_row_is_not_purged() {
