@@ -18,6 +18,7 @@
 
 mod conns;
 mod fanout;
+mod frame;
 mod groups;
 mod hot;
 mod log_check;

@@ -6,8 +6,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::ws::frame::FrameIn;
 use imcore_client::Ws;
-use serde::Deserialize;
 use serde_json::json;
 
 use crate::ws::provision::now_us;
@@ -92,28 +92,6 @@ impl Measure {
 
 /// The run being measured, if any; devices ignore frames between runs.
 pub type Current = Arc<RwLock<Option<Arc<Measure>>>>;
-
-#[derive(Deserialize)]
-struct FrameIn {
-    id: Option<u64>,
-    push: Option<String>,
-    conv_id: Option<String>,
-    head: Option<i64>,
-    event: Option<EventIn>,
-    events: Option<Vec<EventIn>>,
-    next_after: Option<i64>,
-    has_more: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct EventIn {
-    body: Option<BodyIn>,
-}
-
-#[derive(Deserialize)]
-struct BodyIn {
-    n: Option<usize>,
-}
 
 /// One device's view of the current run.
 struct Run {

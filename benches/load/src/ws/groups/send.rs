@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::ws::frame::FrameIn;
 use futures_util::{stream, StreamExt};
 use imcore::store::Store;
 use imcore_client::Ws;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -39,25 +39,6 @@ struct DeviceLog {
     closed: bool,
 }
 
-#[derive(Deserialize)]
-struct PushIn {
-    push: Option<String>,
-    conv_id: Option<String>,
-    event: Option<EventIn>,
-    events: Option<Vec<EventIn>>,
-}
-
-#[derive(Deserialize)]
-struct EventIn {
-    body: Option<BodyIn>,
-}
-
-#[derive(Deserialize)]
-struct BodyIn {
-    n: Option<usize>,
-    ts: Option<u64>,
-}
-
 /// Records the group's pushes until `stop`; counts itself in `complete` once it has all `total` in order.
 async fn device(
     mut ws: Ws,
@@ -76,7 +57,7 @@ async fn device(
             log.closed = true;
             return log;
         };
-        let Ok(p) = serde_json::from_str::<PushIn>(&text) else { continue };
+        let Ok(p) = serde_json::from_str::<FrameIn>(&text) else { continue };
         if !matches!(p.push.as_deref(), Some("event" | "events")) || p.conv_id.as_deref() != Some(&*conv) {
             continue;
         }

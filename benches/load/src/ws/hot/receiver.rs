@@ -11,8 +11,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::ws::frame::{EventIn, FrameIn};
 use imcore_client::{ClientError, Ws};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::time::{sleep_until, timeout};
@@ -49,30 +49,6 @@ pub struct ReceiverOut {
     pub last: Option<Instant>,
     /// The server closed the connection.
     pub closed: bool,
-}
-
-/// A push, or the answer to a sync.
-#[derive(Deserialize)]
-struct FrameIn {
-    id: Option<u64>,
-    ok: Option<bool>,
-    push: Option<String>,
-    conv_id: Option<String>,
-    event: Option<EventIn>,
-    events: Option<Vec<EventIn>>,
-    next_after: Option<i64>,
-    has_more: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct EventIn {
-    seq: i64,
-    body: Option<BodyIn>,
-}
-
-#[derive(Deserialize)]
-struct BodyIn {
-    ts: Option<u64>,
 }
 
 /// The seqs that arrived live, in the order they came.
@@ -197,7 +173,7 @@ impl Receiver {
             return Ok(());
         }
         match f.push.as_deref() {
-            Some("event" | "events") => self.on_events(f.event.into_iter().chain(f.events.unwrap_or_default())),
+            Some("event" | "events") => self.on_events(f.into_events()),
             Some("head") if self.pull => {
                 self.out.heads += 1;
                 if self.in_flight.is_some() {
@@ -235,7 +211,8 @@ impl Receiver {
     fn on_events(&mut self, events: impl IntoIterator<Item = EventIn>) {
         let now = now_us();
         for e in events {
-            match self.live.arrive(e.seq) {
+            let Some(seq) = e.seq else { continue };
+            match self.live.arrive(seq) {
                 Arrival::New => {}
                 Arrival::OutOfOrder => {
                     self.out.out_of_order += 1;
