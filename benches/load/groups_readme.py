@@ -7,26 +7,7 @@ README.md; with `--print`, prints it instead. Every figure comes from the JSON.
     python3 benches/load/groups_readme.py [--json evidence/bench/groups.json] [--readme README.md] [--print]
 """
 
-import argparse
-import json
-import re
-
-BEGIN, END = "<!-- groups:begin -->", "<!-- groups:end -->"
-
-
-def ms(p, keys=("p50", "p99", "max")):
-    """`p50 / p99 / max` of a percentiles object, `n/a` without samples."""
-    if not p or p.get("p50") is None:
-        return "n/a"
-    return " / ".join(f"{p[k]:.1f}" for k in keys)
-
-
-def n(x):
-    return "n/a" if x is None else f"{x:,.0f}"
-
-
-def yes(run):
-    return "yes" if run.get("verified") is True else "**NO**"
+from readme_section import main, ms, n, yes
 
 
 def invite(r):
@@ -99,7 +80,6 @@ def rss(r):
 def section(doc):
     runs = {r["scenario"]: r for r in doc["runs"]}
     out = [
-        BEGIN,
         f"Run `{doc['run_id']}` ({doc['date']}, rev {doc['git_rev']}): `{doc['command']}`.",
         "",
     ]
@@ -111,28 +91,8 @@ def section(doc):
             out += [f"{name}: failed: {r['error']}", ""]
             continue
         out += table(r) + [""]
-    return "\n".join(out + [END])
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default="evidence/bench/groups.json")
-    ap.add_argument("--readme", default="README.md")
-    ap.add_argument("--print", action="store_true")
-    a = ap.parse_args()
-    with open(a.json) as f:
-        text = section(json.load(f))
-    if a.print:
-        print(text)
-        return
-    with open(a.readme) as f:
-        readme = f.read()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(readme):
-        raise SystemExit(f"{a.readme}: no {BEGIN} … {END} section")
-    with open(a.readme, "w") as f:
-        f.write(pattern.sub(lambda _: text, readme))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    main("groups", "evidence/bench/groups.json", section)

@@ -7,30 +7,12 @@ README.md; with `--print`, prints it instead. Every figure comes from the JSON.
     python3 benches/load/retention_readme.py [--json evidence/bench/retention.json] [--readme README.md] [--print]
 """
 
-import argparse
-import json
-import re
-
-BEGIN, END = "<!-- retention:begin -->", "<!-- retention:end -->"
-
-
-def ms(p, keys=("p50", "p99", "max")):
-    """`p50 / p99 / max` of a percentiles object, `n/a` without samples."""
-    if not p or p.get("p50") is None:
-        return "n/a"
-    return " / ".join(f"{p[k]:.1f}" for k in keys)
-
-
-def n(x):
-    return "n/a" if x is None else f"{x:,.0f}"
+from readme_section import main, ms, n, yes
 
 
 def ratio(x):
     return "n/a" if x is None else f"{x:.2f}"
 
-
-def yes(v):
-    return "yes" if v.get("verified") is True else "**NO**"
 
 
 def rates(doc):
@@ -113,35 +95,14 @@ def lookup(doc):
 
 def section(doc):
     out = [
-        BEGIN,
         f"Run `{doc['run_id']}` ({doc['date']}, rev {doc['git_rev']}, {doc['seconds']:.0f} s): `{doc['command']}`. "
         f"Verified: {yes(doc)}.",
         "",
     ]
     for table in (rates, under_load, lookup):
         out += table(doc) + [""]
-    return "\n".join(out + [END])
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default="evidence/bench/retention.json")
-    ap.add_argument("--readme", default="README.md")
-    ap.add_argument("--print", action="store_true")
-    a = ap.parse_args()
-    with open(a.json) as f:
-        text = section(json.load(f))
-    if a.print:
-        print(text)
-        return
-    with open(a.readme) as f:
-        readme = f.read()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(readme):
-        raise SystemExit(f"{a.readme}: no {BEGIN} … {END} section")
-    with open(a.readme, "w") as f:
-        f.write(pattern.sub(lambda _: text, readme))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    main("retention", "evidence/bench/retention.json", section)
