@@ -58,9 +58,10 @@ SELECT CASE WHEN m.role = 'admin' AND m.role_until <= now() THEN 'member' ELSE m
   FROM conversations c JOIN members m ON m.conv_id = c.conv_id AND m.user_id = $2
  WHERE c.conv_id = $1";
 
-/// `$3`: a LIKE prefix pattern, or NULL for every member. The two prefix
-/// conditions are OR-ed so each can use its own index.
-const MEMBERS: &str = "
+/// A page of the roster: `$1` conversation, `$2` after this `joined_seq`,
+/// `$3` a LIKE prefix pattern or NULL for every member, `$4` rows. The two
+/// prefix conditions are OR-ed so each can use its own index.
+pub const MEMBERS_PAGE: &str = "
 SELECT user_id, CASE WHEN role = 'admin' AND role_until <= now() THEN 'member' ELSE role END,
        CASE WHEN role_until > now() THEN role_until END, extra_perms, alias, mute_until, joined_seq
   FROM members
@@ -89,7 +90,7 @@ impl Store {
         let pattern = q.map(|q| format!("{}%", escape_like(q)));
         let rows = c
             .query_typed(
-                MEMBERS,
+                MEMBERS_PAGE,
                 &[
                     (&conv.as_str(), Type::TEXT),
                     (&after, Type::INT8),

@@ -29,7 +29,9 @@ use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use error::{ErrorClass, Report, StoreError};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP, UNREAD_SCAN_ROWS};
-pub use members::{Application, ApplicationPage, MemberInfo, MemberPage, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT};
+pub use members::{
+    Application, ApplicationPage, MemberInfo, MemberPage, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT, MEMBERS_PAGE,
+};
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use presence::Membership;
 pub use retention::PurgeReport;

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use futures_util::future::join_all;
 use futures_util::stream::{self, StreamExt};
+use imcore::store::MEMBERS_PAGE;
 use serde_json::{json, Value};
 
 use super::{ok, pushed_seqs, server, ws_op, SUITE};
@@ -24,15 +25,6 @@ fn big(i: usize) -> String {
 }
 
 /// The roster query of `members` (the store's, with the search's values in place).
-const MEMBERS_SEARCH: &str = "
-SELECT user_id, CASE WHEN role = 'admin' AND role_until <= now() THEN 'member' ELSE role END,
-       CASE WHEN role_until > now() THEN role_until END, extra_perms, alias, mute_until, joined_seq
-  FROM members
- WHERE conv_id = 'g-big' AND joined_seq > 0
-   AND ('u-big-0123%'::text IS NULL OR user_id LIKE 'u-big-0123%' OR alias LIKE 'u-big-0123%')
- ORDER BY joined_seq
- LIMIT 201";
-
 /// Fills `conv` with the users `u-big-*` by `invite`s of ≤ 1,000: whether
 /// all went right, and what was seen.
 async fn fill(owner: &mut Ws, db: &tokio_postgres::Client, conv: &str) -> (bool, Value) {
@@ -108,8 +100,13 @@ async fn search(owner: &mut Ws, db: &tokio_postgres::Client, conv: &str) -> (boo
         page["members"].as_array().into_iter().flatten().filter_map(|m| m["user_id"].as_str()).collect();
     let want: Vec<String> = (12_300..12_400).map(big).collect();
     db.batch_execute("ANALYZE members").await.expect("analyze");
-    let plan: Vec<String> =
-        db.query(&format!("EXPLAIN {MEMBERS_SEARCH}"), &[]).await.expect("explain").iter().map(|r| r.get(0)).collect();
+    let plan: Vec<String> = db
+        .query(&format!("EXPLAIN {MEMBERS_PAGE}"), &[&"g-big", &0i64, &"u-big-0123%", &201i64])
+        .await
+        .expect("explain")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let plan_text = plan.join("\n");
     let by_prefix = plan_text.contains("members_user_prefix");
     let scans_roster = plan_text.contains("Seq Scan on members") || plan_text.contains("members_join_order");
