@@ -25,33 +25,34 @@ pub enum WriteOp {
 
 impl WriteOp {
     /// Every user whose standing in the conversation the op's rules read:
-    /// the caller, and the users it names.
-    pub fn users(&self) -> Vec<&UserId> {
-        match self {
-            WriteOp::Send(s) => vec![&s.sender],
-            WriteOp::Join(j) => vec![&j.user],
-            WriteOp::Leave(l) => vec![&l.user],
-            WriteOp::Recall(r) => vec![&r.actor],
-            WriteOp::Group(GroupOp { actor, change }) => {
-                let mut users = vec![actor];
+    /// the caller, and the users it names. No allocation: it runs for every
+    /// op of every batch.
+    pub fn users(&self) -> impl Iterator<Item = &UserId> {
+        let (caller, named): (&UserId, &[UserId]) = match self {
+            WriteOp::Send(s) => (&s.sender, &[]),
+            WriteOp::Join(j) => (&j.user, &[]),
+            WriteOp::Leave(l) => (&l.user, &[]),
+            WriteOp::Recall(r) => (&r.actor, &[]),
+            WriteOp::Group(GroupOp { actor, change }) => (
+                actor,
                 match change {
-                    GroupChange::Invite(named) => users.extend(named),
+                    GroupChange::Invite(named) => named.as_slice(),
                     GroupChange::Approve(u)
                     | GroupChange::Reject(u)
                     | GroupChange::Kick(u)
                     | GroupChange::TransferOwner(u)
                     | GroupChange::SetRole { user: u, .. }
                     | GroupChange::SetPerms { user: u, .. }
-                    | GroupChange::Mute { user: u, .. } => users.push(u),
+                    | GroupChange::Mute { user: u, .. } => std::slice::from_ref(u),
                     GroupChange::Join
                     | GroupChange::Leave
                     | GroupChange::SetAlias(_)
                     | GroupChange::Update(_)
-                    | GroupChange::Dismiss => {}
-                }
-                users
-            }
-        }
+                    | GroupChange::Dismiss => &[],
+                },
+            ),
+        };
+        std::iter::once(caller).chain(named)
     }
 }
 
