@@ -13,7 +13,7 @@
 //! whoever takes the lock next — no double work, no lost tombstone.
 //! Membership periods are never purged: they are the truth of visibility.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use imcore_actors::ConvId;
 use tokio_postgres::types::Type;
@@ -114,22 +114,41 @@ impl Store {
     /// whole purge.
     pub async fn purge_conversation(&self, conv: &ConvId, chunk: i64) -> Result<(u64, u64), StoreError> {
         let (mut events, mut tombstones) = (0, 0);
-        loop {
-            let started = Instant::now();
-            let Some((e, t)) = self.purge_chunk(conv, chunk).await? else {
-                return Ok((events, tombstones));
-            };
+        self.purge_watched(conv, chunk, |e, t, _| {
             events += e;
             tombstones += t;
-            tokio::time::sleep(started.elapsed()).await;
+            true
+        })
+        .await?;
+        Ok((events, tombstones))
+    }
+
+    /// [`Store::purge_conversation`], telling `chunk_done` each chunk's
+    /// events, tombstones and transaction time; it stops early when
+    /// `chunk_done` answers false. True when nothing more was due.
+    pub async fn purge_watched(
+        &self,
+        conv: &ConvId,
+        chunk: i64,
+        mut chunk_done: impl FnMut(u64, u64, Duration) -> bool,
+    ) -> Result<bool, StoreError> {
+        loop {
+            let started = Instant::now();
+            let Some((events, tombstones)) = self.purge_chunk(conv, chunk).await? else {
+                return Ok(true);
+            };
+            let took = started.elapsed();
+            if !chunk_done(events, tombstones, took) {
+                return Ok(false);
+            }
+            tokio::time::sleep(took).await;
         }
     }
 
     /// One chunk of [`Store::purge_conversation`], one transaction:
     /// `(events purged, tombstones written)`, or `None` when nothing of
-    /// `conv` is due (or it is gone). Public so a caller can pace or time
-    /// the chunks.
-    pub async fn purge_chunk(&self, conv: &ConvId, chunk: i64) -> Result<Option<(u64, u64)>, StoreError> {
+    /// `conv` is due (or it is gone).
+    async fn purge_chunk(&self, conv: &ConvId, chunk: i64) -> Result<Option<(u64, u64)>, StoreError> {
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
         if tx.query_typed_opt(LOCK_ROW, &[(&conv.as_str(), Type::TEXT)]).await?.is_none() {

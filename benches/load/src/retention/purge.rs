@@ -1,5 +1,5 @@
-//! Purging a conversation chunk by chunk through `Store::purge_chunk` (the
-//! chunks `purge_conversation` runs), timing each chunk's transaction, and
+//! Purging a conversation chunk by chunk through `Store::purge_watched` (what
+//! `purge_conversation` runs), timing each chunk's transaction, and
 //! checking what the purge left.
 
 use std::time::Instant;
@@ -23,26 +23,19 @@ pub struct Purged {
     pub complete: bool,
 }
 
-/// Purges `conv`, `chunk` events per transaction, until nothing is due or
-/// `until` passes (checked between chunks).
+/// Purges `conv`, `chunk` events per transaction, as the product does,
+/// until nothing is due or `until` passes (checked between chunks).
 pub async fn purge(store: &Store, conv: &ConvId, chunk: i64, until: Option<Instant>) -> Result<Purged, BoxError> {
     let started = Instant::now();
     let (mut events, mut tombstones, mut chunk_ms) = (0, 0, vec![]);
-    let complete = loop {
-        if until.is_some_and(|t| Instant::now() >= t) {
-            break false;
-        }
-        let t = Instant::now();
-        let Some((e, b)) = store.purge_chunk(conv, chunk).await? else {
-            break true;
-        };
-        let took = t.elapsed();
-        chunk_ms.push(took.as_secs_f64() * 1000.0);
-        events += e;
-        tombstones += b;
-        // Paced as `Store::purge_conversation` paces: a rest as long as the chunk.
-        tokio::time::sleep(took).await;
-    };
+    let complete = store
+        .purge_watched(conv, chunk, |e, b, took| {
+            chunk_ms.push(took.as_secs_f64() * 1000.0);
+            events += e;
+            tombstones += b;
+            !until.is_some_and(|t| Instant::now() >= t)
+        })
+        .await?;
     let seconds = started.elapsed().as_secs_f64();
     Ok(Purged { chunk, events, tombstones, seconds, chunk_ms: Percentiles::of(chunk_ms), complete })
 }
