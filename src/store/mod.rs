@@ -6,6 +6,7 @@
 //! trips, not across fsync (ARCHITECTURE §3).
 
 mod accounts;
+mod changes;
 mod commit_stage;
 mod connection;
 mod conversations;
@@ -23,6 +24,7 @@ mod write;
 use crate::config::StoreSettings;
 
 pub use accounts::{token_hash, DeviceToken, TokenOwner};
+pub use changes::{InboxDelta, SINCE_MAX_AGE, SINCE_MAX_CHANGED};
 use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use error::{ErrorClass, Report, StoreError};

@@ -27,6 +27,7 @@ mod presence;
 mod recall;
 mod retention;
 mod server;
+mod since;
 mod startup;
 mod store_rules;
 mod sync_points;
