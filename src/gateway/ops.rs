@@ -78,6 +78,8 @@ pub enum Request {
         limit: i64,
     },
     Ping,
+    /// Who the caller's token belongs to (a client shows it and tells its own messages apart).
+    WhoAmI,
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +112,7 @@ impl Request {
             Request::Members { .. } => "members",
             Request::Applications { .. } => "applications",
             Request::Ping => "ping",
+            Request::WhoAmI => "whoami",
         }
     }
 
@@ -124,7 +127,7 @@ impl Request {
             | Request::Members { conv, .. }
             | Request::Applications { conv, .. } => Some(conv),
             Request::Sync(p) => Some(&p.conv),
-            Request::CreateConversation(_) | Request::Conversations { .. } | Request::Ping => None,
+            Request::CreateConversation(_) | Request::Conversations { .. } | Request::Ping | Request::WhoAmI => None,
         }
     }
 
@@ -170,6 +173,7 @@ impl Request {
                 seq: f.int_in("seq", 0, i64::MAX)?.ok_or_else(|| ApiError::bad_request("missing field `seq`"))?,
             },
             "ping" => Request::Ping,
+            "whoami" => Request::WhoAmI,
             "recall" => Request::Recall {
                 conv: f.conv_id()?,
                 target_seq: f
@@ -484,6 +488,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
             Ok(Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?)))
         }
         Request::Ping => Ok(Reply::ok(pong())),
+        Request::WhoAmI => Ok(Reply::ok(json!({ "user_id": user.as_str(), "device_id": caller.device_id.as_str() }))),
         // Queued on the writer in `dispatch`.
         Request::Send { .. } | Request::Group { .. } | Request::Recall { .. } => Err(ApiError::internal()),
     }
