@@ -3,6 +3,7 @@
 
 mod actor_flood;
 mod actor_path;
+mod admin_commands;
 mod commit_isolation;
 mod commit_stall;
 mod db_outage;
@@ -30,3 +31,4 @@ mod server;
 mod startup;
 mod store_rules;
 mod sync_points;
+mod web;
