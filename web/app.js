@@ -66,6 +66,7 @@ async function signIn(token) {
   chat.addEventListener("inbox", renderInbox);
   chat.addEventListener("log", (e) => e.detail === current && renderLog());
   chat.addEventListener("problem", (e) => showProblem(e.detail));
+  chat.addEventListener("members", (e) => e.detail === current && !$("members-pane").hidden && loadMembers(false));
   connection.start();
 }
 
@@ -75,6 +76,9 @@ function signOut() {
   connection = chat = me = current = null;
   $("inbox").replaceChildren();
   $("events").replaceChildren();
+  $("conv-pane").hidden = true;
+  $("empty").hidden = false;
+  $("chat").classList.remove("in-conversation");
   showSignin();
 }
 
@@ -144,6 +148,7 @@ async function openConversation(conv_id) {
   const entry = chat.inbox.get(conv_id);
   $("chat").classList.add("in-conversation");
   $("conv-pane").hidden = false;
+  $("empty").hidden = true;
   $("conv-title").textContent = entry ? title(entry, chat.peers.get(conv_id)) : conv_id;
   $("members-toggle").hidden = entry?.kind !== "group";
   showMembers(false);
@@ -158,6 +163,7 @@ function closeConversation() {
   chat.close();
   $("chat").classList.remove("in-conversation");
   $("conv-pane").hidden = true;
+  $("empty").hidden = false;
   showMembers(false);
   renderInbox();
 }
@@ -257,6 +263,7 @@ function renderMembers() {
   const muted = (m) => m.mute_until && new Date(m.mute_until) > new Date();
   const items = roster.members.map((m) => {
     const may = allowed(m);
+    const button = (label, onclick) => el("button", { type: "button", "aria-label": `${label}: ${m.user_id}`, onclick }, label);
     return el(
       "li",
       { dataset: { user: m.user_id } },
@@ -264,25 +271,17 @@ function renderMembers() {
       el("span", { class: "role" }, m.role),
       muted(m) && el("span", { class: "muted" }, "muted"),
       may.role &&
-        el(
-          "button",
-          { type: "button", onclick: () => groupOp("set_role", { user_id: m.user_id, role: m.role === "admin" ? "member" : "admin" }) },
-          m.role === "admin" ? "Make member" : "Make admin",
+        button(m.role === "admin" ? "Make member" : "Make admin", () =>
+          groupOp("set_role", { user_id: m.user_id, role: m.role === "admin" ? "member" : "admin" }),
         ),
       may.mute &&
-        el(
-          "button",
-          {
-            type: "button",
-            onclick: () =>
-              groupOp("mute_member", {
-                user_id: m.user_id,
-                mute_until: muted(m) ? null : new Date(Date.now() + MUTE_FOR_MS).toISOString(),
-              }),
-          },
-          muted(m) ? "Unmute" : "Mute 1 h",
+        button(muted(m) ? "Unmute" : "Mute 1 h", () =>
+          groupOp("mute_member", {
+            user_id: m.user_id,
+            mute_until: muted(m) ? null : new Date(Date.now() + MUTE_FOR_MS).toISOString(),
+          }),
         ),
-      may.kick && el("button", { type: "button", onclick: () => groupOp("kick", { user_id: m.user_id }) }, "Remove"),
+      may.kick && button("Remove", () => groupOp("kick", { user_id: m.user_id })),
     );
   });
   $("members").replaceChildren(...items);
@@ -372,6 +371,12 @@ function wire() {
 }
 
 wire();
+// A login link opened in a tab that already shows the client signs in anew.
+window.addEventListener("hashchange", () => {
+  if (!new URLSearchParams(location.hash.slice(1)).has("token")) return;
+  if (connection) signOut();
+  signIn(storedToken());
+});
 const token = storedToken();
 if (token) signIn(token);
 else showSignin();

@@ -3,7 +3,8 @@
 // is brought up to date after pushes, gaps and reconnects (PROTOCOL §4, §5, §7).
 //
 // Events: "inbox" (the inbox changed), "log" (detail: conv_id whose log
-// changed), "problem" (detail: a message for the person).
+// changed), "members" (detail: conv_id whose roster or roles changed),
+// "problem" (detail: a message for the person).
 
 import { RequestError } from "./connection.js";
 
@@ -179,6 +180,7 @@ export class Chat extends EventTarget {
     }
     if (event.kind === "group" && event.change?.profile) Object.assign(entry, event.change.profile);
     if (event.kind === "group" && event.change?.status) entry.status = event.change.status;
+    if (isNew && ["join", "leave", "group"].includes(event.kind)) this.changed("members", conv_id);
     if (event.kind === "leave" && event.subject_user === this.me.user_id) entry.left = true;
     if (event.kind === "join" && event.subject_user === this.me.user_id) entry.left = false;
   }

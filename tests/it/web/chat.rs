@@ -216,3 +216,82 @@ async fn a_hostile_message_body_is_shown_as_text_and_never_run() {
     }
     assert!(check.resolve(json!({"elements_planted": planted, "pwned": [pwned, pwned_a]}), pass));
 }
+
+#[actix_web::test]
+async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
+    let check = Check::start(
+        SUITE,
+        "web-group",
+        "ana creates group 'Team' with ben and cai from the page, then from its members pane searches, invites dan, \
+         makes ben admin, mutes cai and removes dan; ben (a member, then admin) leaves from his window",
+        "each action shows in the members pane and as a line in both windows' logs; ben sees no buttons over the \
+         owner; the search finds only matching members",
+    );
+    let s = TestServer::start().await;
+    let ana = s.user("ana").await;
+    let ben = s.user("ben").await;
+    for u in ["cai", "dan"] {
+        s.user(u).await;
+    }
+    let driver = Driver::start().await;
+    let a = driver.window(&login_url(s.port, &ana)).await;
+    let b = driver.window(&login_url(s.port, &ben)).await;
+    for w in [&a, &b] {
+        w.online().await;
+    }
+    a.click("#new-chat summary").await;
+    a.type_into("#group-name", "Team").await;
+    a.type_into("#group-members", "ben, cai").await;
+    a.click("#new-group button[type=submit]").await;
+    a.until("the new group, open", "document.querySelector('#inbox li.current')").await;
+    let conv = a.eval("document.querySelector('#inbox li.current').dataset.conv").await;
+    let conv = conv.as_str().expect("conv id").to_owned();
+    a.say("Welcome to the team").await;
+
+    a.click("#members-toggle").await;
+    let roster = "[...document.querySelectorAll('#members li')].map(li => li.dataset.user + ':' + \
+                  li.querySelector('.role').textContent + (li.querySelector('.muted') ? ':muted' : '')).join(' ')";
+    a.until("three members", &format!("{roster} === 'ana:owner ben:member cai:member'")).await;
+    a.type_into("#member-q", "c").await;
+    a.until("the search for 'c'", &format!("{roster} === 'cai:member'")).await;
+    let searched = a.eval(roster).await;
+    a.type_into("#member-q", "").await;
+    a.enter("#member-q").await;
+    a.until("the whole roster again", &format!("{roster} === 'ana:owner ben:member cai:member'")).await;
+
+    a.type_into("#invite-users", "dan").await;
+    a.click("#invite button[type=submit]").await;
+    a.until("dan invited", &format!("{roster} === 'ana:owner ben:member cai:member dan:member'")).await;
+    a.press("#members li[data-user=ben]", "Make admin").await;
+    a.until("ben an admin", &format!("{roster}.includes('ben:admin')")).await;
+    a.press("#members li[data-user=cai]", "Mute 1 h").await;
+    a.until("cai muted", &format!("{roster}.includes('cai:member:muted')")).await;
+    a.press("#members li[data-user=dan]", "Remove").await;
+    a.until("dan removed", &format!("{roster} === 'ana:owner ben:admin cai:member:muted'")).await;
+    a.screenshot("group-members").await;
+
+    b.open(&conv).await;
+    let lines = ["ana made ben admin", "ana muted cai", "ana removed dan"];
+    let all = serde_json::to_string(&lines).expect("json").replace("ana made ben admin", "ana made you admin");
+    let shown = format!(
+        "{all}.every(l => [...document.querySelectorAll('#events li.system')].some(li => li.textContent === l))"
+    );
+    b.until("the group's changes in ben's log", &shown).await;
+    b.click("#members-toggle").await;
+    b.until("the roster in ben's window", "document.querySelectorAll('#members li').length === 3").await;
+    let over_owner = b.eval("document.querySelectorAll(\"#members li[data-user=ana] button\").length").await;
+    b.click("#leave").await;
+    b.until("ben back at his inbox", "document.querySelector('#conv-pane').hidden").await;
+    a.until(
+        "ben's leave in ana's log",
+        "[...document.querySelectorAll('#events li.system')].some(li => li.textContent === 'ben left')",
+    )
+    .await;
+    a.until("the roster without ben", &format!("{roster} === 'ana:owner cai:member:muted'")).await;
+
+    let pass = searched == json!("cai:member") && over_owner == json!(0);
+    for w in [a, b] {
+        w.close().await;
+    }
+    assert!(check.resolve(json!({"search_c": searched, "ben_buttons_over_owner": over_owner}), pass));
+}

@@ -131,6 +131,16 @@ impl Window {
             .expect("click");
     }
 
+    /// Clicks the button labelled `label` inside `scope`.
+    pub async fn press(&self, scope: &str, label: &str) {
+        let find =
+            format!("[...document.querySelectorAll(\"{scope} button\")].find(b => b.textContent === {})", json!(label));
+        self.until(&format!("a '{label}' button in {scope}"), &find).await;
+        self.eval(&format!("document.querySelectorAll('[data-press]').forEach(b => delete b.dataset.press), ({find}).dataset.press = 'yes'"))
+            .await;
+        self.click("[data-press=yes]").await;
+    }
+
     pub async fn type_into(&self, css: &str, text: &str) {
         let field = self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("find {css}: {e}"));
         field.clear().await.expect("clear");
@@ -148,13 +158,13 @@ impl Window {
     /// Types `text` into the composer and presses Enter.
     pub async fn say(&self, text: &str) {
         self.type_into("#text", text).await;
-        self.client
-            .find(Locator::Css("#text"))
-            .await
-            .expect("composer")
-            .send_keys(&fantoccini::key::Key::Enter.to_string())
-            .await
-            .expect("press Enter");
+        self.enter("#text").await;
+    }
+
+    /// Presses Enter in the field `css`.
+    pub async fn enter(&self, css: &str) {
+        let field = self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("find {css}: {e}"));
+        field.send_keys(&fantoccini::key::Key::Enter.to_string()).await.expect("press Enter");
     }
 
     /// The messages the open conversation shows: `{seq, text, recalled, pending}` each, in order.
