@@ -3,7 +3,7 @@
 
 import { Connection } from "./connection.js";
 import { Chat } from "./chat.js";
-import { el, describe, time, title, bodyText } from "./view.js";
+import { el, describe, time, title, bodyText, reconcile } from "./view.js";
 
 const TOKEN_KEY = "imcore.token";
 const STATUS_TEXT = {
@@ -114,7 +114,9 @@ function renderInbox() {
     const sender = last?.kind === "msg" ? `${last.sender.user_id === me.user_id ? "you" : last.sender.user_id}: ` : "";
     const unread = c.unread > 0 ? (c.unread >= 1000 ? "999+" : String(c.unread)) : null;
     const name = title(c, chat.peers.get(c.conv_id));
-    return el(
+    const preview = last ? sender + describe(last, me.user_id) : "No messages yet";
+    const sig = JSON.stringify([name, unread, preview, last?.created_at, c.conv_id === current]);
+    const build = () => el(
       "li",
       { dataset: { conv: c.conv_id }, class: c.conv_id === current ? "current" : "" },
       el(
@@ -128,12 +130,13 @@ function renderInbox() {
         },
         el("span", { class: "title" }, name),
         el("time", { datetime: last?.created_at }, time(last?.created_at)),
-        el("span", { class: "preview" }, last ? sender + describe(last, me.user_id) : "No messages yet"),
+        el("span", { class: "preview" }, preview),
         unread && el("span", { class: "badge", dataset: { unread: c.unread } }, unread),
       ),
     );
+    return { key: `c:${c.conv_id}`, sig, build };
   });
-  $("inbox").replaceChildren(...items);
+  reconcile($("inbox"), items);
   $("inbox-more").hidden = !chat.inboxCursor;
   if (current) {
     const entry = chat.inbox.get(current);
@@ -168,14 +171,21 @@ function closeConversation() {
   renderInbox();
 }
 
-function renderEvent(event, entry) {
+function eventItem(event, entry) {
+  const key = `e:${current}:${event.seq}`;
   if (event.kind !== "msg") {
-    return el("li", { class: "system", dataset: { seq: event.seq, kind: event.kind } }, describe(event, me.user_id));
+    const line = describe(event, me.user_id);
+    const build = () => el("li", { class: "system", dataset: { seq: event.seq, kind: event.kind } }, line);
+    return { key, sig: line, build };
   }
   const mine = event.sender.user_id === me.user_id;
   const windowMs = entry?.recall_window_ms ?? 0;
   const recallable =
     mine && !event.recalled && Date.now() - new Date(event.created_at).getTime() < windowMs && entry?.status !== "dismissed";
+  return { key, sig: JSON.stringify([event.recalled, recallable]), build: () => renderMessage(event, mine, recallable) };
+}
+
+function renderMessage(event, mine, recallable) {
   return el(
     "li",
     { class: mine ? "msg mine" : "msg", dataset: { seq: event.seq, kind: "msg", recalled: event.recalled ? "true" : "false" } },
@@ -189,9 +199,9 @@ function renderEvent(event, entry) {
   );
 }
 
-function renderPending(message) {
+function pendingItem(message) {
   const state = message.state === "failed" ? `Not sent: ${message.error}` : message.state === "sending" ? "Sending…" : "Waiting for the connection…";
-  return el(
+  const build = () => el(
     "li",
     { class: "msg mine pending", dataset: { clientMsgId: message.client_msg_id, state: message.state } },
     el("p", { class: "body" }, bodyText(message.body)),
@@ -199,6 +209,7 @@ function renderPending(message) {
     message.state === "failed" &&
       el("button", { type: "button", onclick: () => chat.discard(message.client_msg_id) }, "Discard"),
   );
+  return { key: `p:${message.client_msg_id}`, sig: state, build };
 }
 
 /// Redraws the log, keeping the reader where it was: at the bottom when it
@@ -210,10 +221,7 @@ function renderLog(toBottom = false) {
   const log = chat.logs.get(current);
   const entry = chat.inbox.get(current);
   const shown = log ? log.sorted().filter((e) => e.kind !== "recall") : [];
-  $("events").replaceChildren(
-    ...shown.map((e) => renderEvent(e, entry)),
-    ...chat.pendingIn(current).map(renderPending),
-  );
+  reconcile($("events"), [...shown.map((e) => eventItem(e, entry)), ...chat.pendingIn(current).map(pendingItem)]);
   $("older").hidden = !log?.loaded || log.nextBefore === null;
   box.scrollTop = atBottom ? box.scrollHeight : box.scrollHeight - fromBottom;
 }
@@ -264,7 +272,7 @@ function renderMembers() {
   const items = roster.members.map((m) => {
     const may = allowed(m);
     const button = (label, onclick) => el("button", { type: "button", "aria-label": `${label}: ${m.user_id}`, onclick }, label);
-    return el(
+    const build = () => el(
       "li",
       { dataset: { user: m.user_id } },
       el("span", { class: "who" }, m.alias ? `${m.alias} (${m.user_id})` : m.user_id),
@@ -283,8 +291,9 @@ function renderMembers() {
         ),
       may.kick && button("Remove", () => groupOp("kick", { user_id: m.user_id })),
     );
+    return { key: `m:${m.user_id}`, sig: JSON.stringify([m, may, muted(m)]), build };
   });
-  $("members").replaceChildren(...items);
+  reconcile($("members"), items);
   $("members-more").hidden = !roster.next;
   $("leave").hidden = roster.myRole === "owner" || roster.myRole === null;
 }

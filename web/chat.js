@@ -196,8 +196,9 @@ export class Chat extends EventTarget {
       case "head": {
         const entry = this.inbox.get(push.conv_id);
         if (entry) entry.head = Math.max(entry.head || 0, push.head);
+        const log = this.logs.get(push.conv_id);
         if (push.conv_id === this.openConv) this.catchUp(push.conv_id).catch((e) => this.problem(e));
-        else this.logs.get(push.conv_id) && (this.logs.get(push.conv_id).stale = true);
+        else if (log) log.stale = true;
         return this.refreshInboxSoon();
       }
       case "read":

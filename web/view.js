@@ -19,6 +19,29 @@ export function el(tag, attributes = {}, ...children) {
   return node;
 }
 
+/// Makes `list`'s children the `items` (`{key, sig, build}`), in order,
+/// rebuilding only an item that is new or whose `sig` changed: the rest stay
+/// the same nodes, so focus and a press in progress survive a redraw.
+export function reconcile(list, items) {
+  const old = new Map([...list.children].map((node) => [node.dataset.key, node]));
+  const wanted = new Set(items.map((item) => item.key));
+  for (const [key, node] of old) if (!wanted.has(key)) node.remove();
+  let at = list.firstElementChild;
+  for (const { key, sig, build } of items) {
+    let node = old.get(key);
+    if (!node || node.dataset.sig !== sig) {
+      const fresh = build();
+      fresh.dataset.key = key;
+      fresh.dataset.sig = sig;
+      if (node === at) at = fresh;
+      node?.replaceWith(fresh);
+      node = fresh;
+    }
+    if (node === at) at = at.nextElementSibling;
+    else list.insertBefore(node, at);
+  }
+}
+
 /// The text a message body shows: its `text` for the usual form, the JSON otherwise.
 export function bodyText(body) {
   if (body && body.type === "text" && typeof body.text === "string") return body.text;

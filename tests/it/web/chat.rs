@@ -53,9 +53,7 @@ async fn two_users_chat_both_ways_and_another_device_sees_the_read_cursor_move()
     a.click("#new-chat summary").await;
     a.type_into("#direct-user", "ben").await;
     a.click("#new-direct button[type=submit]").await;
-    a.until("the new chat, open", "document.querySelector('#inbox li.current')").await;
-    let conv = a.eval("document.querySelector('#inbox li.current').dataset.conv").await;
-    let conv = conv.as_str().expect("conv id").to_owned();
+    let conv = a.open_conv().await;
     a.say("Hi Ben, it's Ana").await;
     a.shows_exactly(&["Hi Ben, it's Ana"]).await;
 
@@ -243,9 +241,7 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     a.type_into("#group-name", "Team").await;
     a.type_into("#group-members", "ben, cai").await;
     a.click("#new-group button[type=submit]").await;
-    a.until("the new group, open", "document.querySelector('#inbox li.current')").await;
-    let conv = a.eval("document.querySelector('#inbox li.current').dataset.conv").await;
-    let conv = conv.as_str().expect("conv id").to_owned();
+    let conv = a.open_conv().await;
     a.say("Welcome to the team").await;
 
     a.click("#members-toggle").await;

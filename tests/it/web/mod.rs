@@ -121,14 +121,17 @@ impl Window {
         self.until("the connection", "document.querySelector('#status')?.dataset.state === 'open'").await;
     }
 
+    /// Clicks the element `css`; found again if the page redrew it meanwhile.
     pub async fn click(&self, css: &str) {
-        self.client
-            .find(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("find {css}: {e}"))
-            .click()
-            .await
-            .expect("click");
+        let started = Instant::now();
+        loop {
+            let found = self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("find {css}: {e}"));
+            match found.click().await {
+                Ok(()) => return,
+                Err(e) if e.is_stale_element_reference() && started.elapsed() < WAIT => continue,
+                Err(e) => panic!("click {css}: {e}"),
+            }
+        }
     }
 
     /// Clicks the button labelled `label` inside `scope`.
@@ -153,6 +156,13 @@ impl Window {
         self.until("the conversation in the inbox", &format!("document.querySelector(\"{item}\")")).await;
         self.click(&item).await;
         self.until("the conversation's log", "document.querySelector('#conv-pane:not([hidden])')").await;
+    }
+
+    /// The id of the conversation the window shows, once it shows one.
+    pub async fn open_conv(&self) -> String {
+        let current = "document.querySelector('#inbox li.current')?.dataset.conv";
+        self.until("an open conversation", current).await;
+        self.eval(current).await.as_str().expect("conv id").to_owned()
     }
 
     /// Types `text` into the composer and presses Enter.
