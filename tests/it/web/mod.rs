@@ -4,8 +4,10 @@
 //! is a WebDriver session of its own (its own profile, so its own storage).
 //! Waits poll the page's DOM with a bound, never sleep. Screenshots of the
 //! main views go to `evidence/web/*.png`, records to `evidence/web/result.json`.
+//! `serving` checks how the server serves the page and its files.
 
 mod chat;
+mod serving;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
