@@ -352,8 +352,8 @@ export class Chat extends EventTarget {
     const entry = this.inbox.get(conv_id);
     const log = this.logs.get(conv_id);
     if (!entry || !log?.loaded || document.visibilityState !== "visible") return;
-    const seq = Math.max(log.top, entry.head || 0);
-    if (seq <= (entry.read_seq || 0) && !entry.unread) return;
+    const seq = log.top;
+    if (seq <= (entry.read_seq || 0) && (!entry.unread || seq < (entry.head || 0))) return;
     entry.read_seq = Math.max(entry.read_seq || 0, seq);
     entry.unread = 0;
     this.changed("inbox");

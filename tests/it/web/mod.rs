@@ -29,6 +29,8 @@ const POLL: Duration = Duration::from_millis(50);
 pub struct Driver {
     child: Child,
     port: u16,
+    /// Browsers keep both cores busy: never beside a test whose verdict is a latency bound.
+    _cpu: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Driver {
@@ -39,6 +41,7 @@ impl Driver {
                 "{path} is missing: install Debian's chromium and chromium-driver (.ci/run does)"
             );
         }
+        let cpu = crate::harness::alone_with_the_cpu().await;
         let port = free_port();
         let child = Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
@@ -47,7 +50,7 @@ impl Driver {
             .stderr(Stdio::null())
             .spawn()
             .expect("start chromedriver");
-        let driver = Self { child, port };
+        let driver = Self { child, port, _cpu: cpu };
         let started = Instant::now();
         while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
             assert!(started.elapsed() < WAIT, "chromedriver did not listen within {WAIT:?}");
