@@ -291,3 +291,45 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     }
     assert!(check.resolve(json!({"search_c": searched, "ben_buttons_over_owner": over_owner}), pass));
 }
+
+#[actix_web::test]
+async fn history_pages_backward_as_the_reader_scrolls_up() {
+    const SENT: usize = 100;
+    let check = Check::start(
+        SUITE,
+        "web-history-paging",
+        "100 messages sent over HTTP before ben opens the chat; ben scrolls to the top until the start",
+        "the chat opens on the newest page only; each scroll to the top adds an older page; in the end all 100 show \
+         once each in seq order and the 'Load older' button is gone",
+    );
+    let s = TestServer::start().await;
+    let driver = Driver::start().await;
+    let (ana, ben) = (s.user("ana").await, s.user("ben").await);
+    let conv = s.direct(&ana, "ben").await;
+    for i in 1..=SENT {
+        let body = json!({"client_msg_id": format!("h{i}"), "body": {"type": "text", "text": format!("message {i}")}});
+        let (status, _) = s.http("POST", &format!("/v1/conversations/{conv}/messages"), Some(&ana), Some(&body)).await;
+        assert_eq!(status, 201);
+    }
+    let b = driver.window(&login_url(s.port, &ben)).await;
+    b.online().await;
+    b.open(&conv).await;
+    let count = "document.querySelectorAll('#events li.msg').length";
+    b.until("the newest page", &format!("{count} > 0")).await;
+    let first_page = b.eval(count).await.as_u64().unwrap_or_default();
+    let mut pages = vec![first_page];
+    while pages.last().copied().unwrap_or_default() < SENT as u64 && pages.len() <= SENT {
+        let shown = pages.last().copied().unwrap_or_default();
+        b.eval("document.querySelector('#log').scrollTop = 0").await;
+        b.until("an older page after scrolling up", &format!("{count} > {shown}")).await;
+        pages.push(b.eval(count).await.as_u64().unwrap_or_default());
+    }
+    let texts: Vec<String> = (1..=SENT).map(|i| format!("message {i}")).collect();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    b.shows_exactly(&texts).await;
+    b.until("no 'Load older' button at the start", "document.querySelector('#older').hidden").await;
+    let shown = seqs(&b.messages().await);
+    let pass = first_page < SENT as u64 && pages.len() > 2 && shown.len() == SENT && ascending(&shown);
+    b.close().await;
+    assert!(check.resolve(json!({"shown_after_each_scroll": pages, "seqs_ascending": ascending(&shown)}), pass));
+}
