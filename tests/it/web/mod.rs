@@ -9,6 +9,7 @@
 mod chat;
 mod serving;
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,7 +26,9 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const WAIT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
 
-/// A chromedriver of this test's own, killed when dropped.
+/// A chromedriver of this test's own, in a process group of its own with
+/// the browsers it starts: dropping it kills the group, so a test that
+/// panics before closing its windows leaves no browser behind.
 pub struct Driver {
     child: Child,
     port: u16,
@@ -48,6 +51,7 @@ impl Driver {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("start chromedriver");
         let driver = Self { child, port, _cpu: cpu };
@@ -81,8 +85,10 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        // Our own child: ends its browsers with it.
-        let _ = self.child.kill();
+        // SAFETY: kill(2) of the process group our own child leads (its id is the group's).
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        }
         let _ = self.child.wait();
     }
 }
