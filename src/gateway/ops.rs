@@ -82,6 +82,8 @@ pub enum Request {
         limit: i64,
     },
     Ping,
+    /// Who the caller's token belongs to (a client shows it and tells its own messages apart).
+    WhoAmI,
 }
 
 #[derive(Debug, Clone)]
@@ -114,6 +116,7 @@ impl Request {
             Request::Members { .. } => "members",
             Request::Applications { .. } => "applications",
             Request::Ping => "ping",
+            Request::WhoAmI => "whoami",
         }
     }
 
@@ -131,7 +134,8 @@ impl Request {
             Request::CreateConversation(_)
             | Request::Conversations { .. }
             | Request::ConversationsSince { .. }
-            | Request::Ping => None,
+            | Request::Ping
+            | Request::WhoAmI => None,
         }
     }
 
@@ -180,6 +184,7 @@ impl Request {
                 seq: f.int_in("seq", 0, i64::MAX)?.ok_or_else(|| ApiError::bad_request("missing field `seq`"))?,
             },
             "ping" => Request::Ping,
+            "whoami" => Request::WhoAmI,
             "recall" => Request::Recall {
                 conv: f.conv_id()?,
                 target_seq: f
@@ -501,6 +506,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
             Ok(Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?)))
         }
         Request::Ping => Ok(Reply::ok(pong())),
+        Request::WhoAmI => Ok(Reply::ok(json!({ "user_id": user.as_str(), "device_id": caller.device_id.as_str() }))),
         // Queued on the writer in `dispatch`.
         Request::Send { .. } | Request::Group { .. } | Request::Recall { .. } => Err(ApiError::internal()),
     }

@@ -3,6 +3,7 @@
 
 mod actor_flood;
 mod actor_path;
+mod admin_commands;
 mod commit_isolation;
 mod commit_stall;
 mod db_outage;
@@ -31,3 +32,4 @@ mod since;
 mod startup;
 mod store_rules;
 mod sync_points;
+mod web;
