@@ -152,6 +152,8 @@ async fn a_server_restart_mid_conversation_loses_and_doubles_nothing() {
     for w in [&a, &b] {
         w.online().await;
     }
+    // Ana's resend and ben's next message would race for the next seq otherwise.
+    a.until("the outbox resent and acked", "!document.querySelector('#events li.pending')").await;
     b.say("after the restart (ben)").await;
     let all = [before[0], before[1], "written while the server was down", "after the restart (ben)"];
     a.shows_exactly(&all).await;
