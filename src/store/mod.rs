@@ -1,8 +1,11 @@
 //! The PostgreSQL store: one module per transaction family.
 //!
-//! Every statement goes out with [`query_typed`](tokio_postgres::GenericClient::query_typed) (parameter types
+//! The write transaction's hot statements are prepared once per pooled
+//! connection (`connection`, `write::prepared`): no parse or plan per use.
+//! Every other statement goes out with
+//! [`query_typed`](tokio_postgres::GenericClient::query_typed) (parameter types
 //! given), which is one round trip — a plain `query(&str)` would first prepare
-//! (a second round trip), and the conversation row lock is held across round
+//! (a second round trip). The conversation row lock is held across round
 //! trips, not across fsync (ARCHITECTURE §3).
 
 mod accounts;
