@@ -21,6 +21,9 @@
 //! * [`delivery`] — fan-out after commit through the route registry: frames
 //!   encoded once, bounded per-connection mailboxes, a slow device is closed;
 //!   recipients from what each lane keeps about its online users.
+//! * [`cluster`] — several nodes on one PostgreSQL: the NATS bus that carries
+//!   committed batches and route claims between them (optional; a single
+//!   node runs without it).
 //! * [`budget`] — the global memory budget in bytes for queued message bodies
 //!   and queued push frames; beyond it `OVERLOADED` or a 1013 close.
 //! * [`protocol`] — wire shapes (events, conversations, pushes) and error codes.
@@ -88,6 +91,7 @@
 #[doc = include_str!("ARCHITECTURE.md")]
 pub mod architecture {}
 pub mod budget;
+pub mod cluster;
 pub mod config;
 pub mod delivery;
 pub mod domain;
