@@ -3,6 +3,8 @@
 
 mod actor_flood;
 mod actor_path;
+mod cluster;
+mod cluster_harness;
 mod commit_isolation;
 mod commit_stall;
 mod db_outage;
