@@ -132,7 +132,10 @@ mod tests {
         assert!(matches!(routes.register(user.clone(), device.clone(), id(5), ()), Registered::New));
         assert_eq!(settle(&routes, &user, &device, id(3)), Settled::Newer(id(5)));
         assert_eq!(settle(&routes, &user, &device, id(5)), Settled::Nothing);
-        assert_eq!(settle(&routes, &user, &device, id(7)), Settled::Superseded(Route { conn_id: id(5), recipient: () }));
+        assert_eq!(
+            settle(&routes, &user, &device, id(7)),
+            Settled::Superseded(Route { conn_id: id(5), recipient: () })
+        );
         assert_eq!(routes.route(&user, &device), None);
         // The superseded connection's own cleanup, however late, removes nothing.
         assert!(!routes.unregister(&user, &device, id(5)));

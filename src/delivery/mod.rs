@@ -44,8 +44,8 @@ use crate::metrics::metrics;
 use crate::store::{Appended, Membership};
 pub use conn::{Conn, KickReason, Push, Routes};
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
-use order::{Admitted, Reorder};
 pub use order::REORDER_WAIT;
+use order::{Admitted, Reorder};
 
 /// Fan-out runs on a few delivery threads ("lanes", `DeliverySettings::lanes`),
 /// never on a conversation actor's thread, so encoding and pushing a batch
@@ -120,7 +120,14 @@ impl Delivery {
             })
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_else(|e| panic!("cannot start delivery threads: {e}"));
-        Self { routes, lanes, backlog: settings.backlog, held: DashMap::new(), peers: OnceLock::new(), reorder: Reorder::default() }
+        Self {
+            routes,
+            lanes,
+            backlog: settings.backlog,
+            held: DashMap::new(),
+            peers: OnceLock::new(),
+            reorder: Reorder::default(),
+        }
     }
 
     /// Joins a cluster: from now on this node's batches and routes go to

@@ -95,12 +95,16 @@ async fn a_batch_reaches_the_online_members_on_every_node_once_and_in_seq_order(
     }
     // Every node's actor writes the group in turn: batches reach each node from
     // its own actor and from the bus, interleaved.
-    let sends = devices.iter_mut().enumerate().map(|(i, ws)| async move { send_all(ws, "g-x", &keys(&format!("k{i}"), 10)).await });
+    let sends = devices
+        .iter_mut()
+        .enumerate()
+        .map(|(i, ws)| async move { send_all(ws, "g-x", &keys(&format!("k{i}"), 10)).await });
     let own: Vec<Vec<i64>> = join_all(sends).await;
     let mut observed = Vec::new();
     let mut pass = true;
     for (i, ws) in devices.iter_mut().enumerate() {
-        let mut expected: Vec<i64> = own.iter().enumerate().filter(|(j, _)| *j != i).flat_map(|(_, s)| s.clone()).collect();
+        let mut expected: Vec<i64> =
+            own.iter().enumerate().filter(|(j, _)| *j != i).flat_map(|(_, s)| s.clone()).collect();
         expected.sort_unstable();
         let got = pushed_until(ws, "g-x", expected.len()).await;
         pass &= got == expected;
@@ -178,7 +182,15 @@ struct Device {
 impl Device {
     async fn connect(c: &Cluster, token: &str, node: usize) -> Self {
         let ws = c.nodes[node].ws(token).await;
-        Self { token: token.to_owned(), node, ws, seen: BTreeSet::new(), disorder: vec![], last_pushed: 0, reconnects: 0 }
+        Self {
+            token: token.to_owned(),
+            node,
+            ws,
+            seen: BTreeSet::new(),
+            disorder: vec![],
+            last_pushed: 0,
+            reconnects: 0,
+        }
     }
 
     fn take(&mut self, push: &Value, conv: &str) {
@@ -282,7 +294,8 @@ async fn a_killed_nodes_devices_reconnect_elsewhere_and_nothing_acked_is_lost_or
         by_key.entry(key.as_str()).or_default().push(*seq);
     }
     let doubled: Vec<&&str> = by_key.iter().filter(|(_, s)| s.len() > 1).map(|(k, _)| k).collect();
-    let lost: Vec<&String> = acked.iter().filter(|(k, seq)| by_key.get(k.as_str()) != Some(&vec![**seq])).map(|(k, _)| k).collect();
+    let lost: Vec<&String> =
+        acked.iter().filter(|(k, seq)| by_key.get(k.as_str()) != Some(&vec![**seq])).map(|(k, _)| k).collect();
     let increasing = log.windows(2).all(|w| w[1].0 > w[0].0);
     let mut behind = Vec::new();
     for (i, d) in devices.iter().enumerate().skip(1) {
@@ -299,6 +312,16 @@ async fn a_killed_nodes_devices_reconnect_elsewhere_and_nothing_acked_is_lost_or
     });
     let pass = doubled.is_empty() && lost.is_empty() && increasing && behind.is_empty() && log.len() == acked.len() + 1;
     assert!(check.resolve(observed.clone(), pass), "{observed}");
+}
+
+/// Waits until every device's connection is closed; the close codes. Each
+/// then comes back to its node and syncs.
+async fn closed_then_back(devices: &mut [Device], c: &Cluster) -> Vec<Option<u16>> {
+    let codes = join_all(devices.iter_mut().map(|d| async move { d.ws.closed().await.code })).await;
+    for d in devices {
+        d.reconnect(&[&c.nodes[d.node]], "g-n").await;
+    }
+    codes
 }
 
 #[actix_web::test]
@@ -321,19 +344,13 @@ async fn a_nats_restart_closes_connections_to_resync_and_delivery_recovers_by_it
 
     c.nats.kill().await;
     // Every node hears of the disconnect and closes its connections: 1013.
-    let at_disconnect: Vec<Option<u16>> = join_all(devices.iter_mut().map(|d| async move { d.ws.closed().await.code })).await;
-    // Writes go on without the bus (PostgreSQL is fine); devices come back to their node.
-    for d in &mut devices {
-        d.reconnect(&[&c.nodes[d.node]], "g-n").await;
-    }
+    let at_disconnect = closed_then_back(&mut devices, &c).await;
+    // Writes go on without the bus (PostgreSQL is fine).
     let during = send_all(&mut devices[0].ws, "g-n", &keys("during", 3)).await;
     c.nats.restart().await;
     // Back on the bus, each node closes the connections made meanwhile (they
-    // may have missed the others' batches); they come back and sync.
-    let at_reconnect: Vec<Option<u16>> = join_all(devices.iter_mut().map(|d| async move { d.ws.closed().await.code })).await;
-    for d in &mut devices {
-        d.reconnect(&[&c.nodes[d.node]], "g-n").await;
-    }
+    // may have missed the others' batches).
+    let at_reconnect = closed_then_back(&mut devices, &c).await;
     // Cross-node pushes flow again, with nobody asking.
     let after = send_all(&mut devices[0].ws, "g-n", &keys("after", 3)).await;
     let pushed_after: Vec<Vec<i64>> =
