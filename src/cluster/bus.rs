@@ -55,6 +55,10 @@ const INBOX: usize = 65_536;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest pause between two reconnect attempts.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// NATS is pinged this often; two pings unanswered count as a disconnect, so
+/// a silent network cut is noticed within seconds (the client's default is
+/// a minute).
+const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// This process's name in the cluster: random per start, so a restarted node
 /// is a new one.
@@ -124,6 +128,7 @@ impl Bus {
             .no_echo()
             .subscription_capacity(INBOX)
             .connection_timeout(CONNECT_TIMEOUT)
+            .ping_interval(PING_EVERY)
             .max_reconnects(None)
             .reconnect_delay_callback(|attempts| {
                 MAX_RECONNECT_DELAY.min(Duration::from_millis(100).saturating_mul(attempts as u32))

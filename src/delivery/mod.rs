@@ -126,7 +126,7 @@ impl Delivery {
             backlog: settings.backlog,
             held: DashMap::new(),
             peers: OnceLock::new(),
-            reorder: Reorder::default(),
+            reorder: Reorder::new(Instant::now()),
         }
     }
 

@@ -16,8 +16,8 @@
 //!
 //! A single node never uses this: its batches come from its actors in order.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -31,6 +31,8 @@ pub const REORDER_WAIT: Duration = Duration::from_millis(250);
 /// A conversation quiet this long is forgotten (its next batch goes on as it
 /// comes), so the map holds only conversations written lately.
 const FORGET_AFTER: Duration = Duration::from_secs(30);
+/// How often quiet conversations are looked for (a pass over the whole map).
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// What goes on to the lanes.
 pub(super) enum Admitted {
@@ -40,9 +42,14 @@ pub(super) enum Admitted {
     Late(Arc<Job>),
 }
 
-#[derive(Default)]
+/// Lock order: a `convs` entry, then `waiting`.
 pub(super) struct Reorder {
     convs: DashMap<ConvId, Order>,
+    /// Conversations with batches waiting, so that the periodic expiry
+    /// visits only them, not every conversation written lately.
+    waiting: Mutex<HashSet<ConvId>>,
+    /// When quiet conversations were last forgotten.
+    swept: Mutex<Instant>,
 }
 
 struct Order {
@@ -79,6 +86,15 @@ impl Order {
 }
 
 impl Reorder {
+    pub(super) fn new(now: Instant) -> Self {
+        Self { convs: DashMap::new(), waiting: Mutex::new(HashSet::new()), swept: Mutex::new(now) }
+    }
+
+    fn waiting(&self) -> MutexGuard<'_, HashSet<ConvId>> {
+        // Every update of the set is one call: a panic cannot leave it half-done.
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Takes `job` and calls `on` for whatever may go on now, in order. `on`
     /// runs under the conversation's entry lock, so two threads admitting
     /// batches of one conversation hand them on in seq order.
@@ -92,7 +108,10 @@ impl Reorder {
         });
         order.touched = now;
         if first > order.next {
-            order.waiting_since.get_or_insert(now);
+            if order.waiting.is_empty() {
+                order.waiting_since = Some(now);
+                self.waiting().insert(job.appended.conv_id.clone());
+            }
             order.waiting.insert(first, job);
         } else if first == order.next {
             order.advance_past(&job);
@@ -107,15 +126,32 @@ impl Reorder {
     /// are taken as lost) and forgets quiet conversations. Called
     /// periodically.
     pub(super) fn expire(&self, now: Instant, mut on: impl FnMut(Admitted)) {
-        self.convs.retain(|_, order| {
+        let waiting: Vec<ConvId> = self.waiting().iter().cloned().collect();
+        for conv in waiting {
+            let Some(mut order) = self.convs.get_mut(&conv) else { continue };
             if order.waiting_since.is_some_and(|since| now.duration_since(since) >= REORDER_WAIT) {
                 if let Some((&first, _)) = order.waiting.first_key_value() {
                     order.next = first;
                 }
                 order.unblocked(&mut on);
+                // What still waits now waits for predecessors of its own.
+                order.waiting_since = (!order.waiting.is_empty()).then_some(now);
             }
-            !order.waiting.is_empty() || now.duration_since(order.touched) < FORGET_AFTER
-        });
+            if order.waiting.is_empty() {
+                self.waiting().remove(&conv);
+            }
+        }
+        let sweep = {
+            let mut swept = self.swept.lock().unwrap_or_else(|p| p.into_inner());
+            let due = now.duration_since(*swept) >= SWEEP_EVERY;
+            if due {
+                *swept = now;
+            }
+            due
+        };
+        if sweep {
+            self.convs.retain(|_, order| !order.waiting.is_empty() || now.duration_since(order.touched) < FORGET_AFTER);
+        }
     }
 }
 
@@ -159,7 +195,8 @@ mod tests {
 
     #[test]
     fn a_batch_ahead_waits_for_the_ones_before_it_and_goes_on_with_them() {
-        let (r, t) = (Reorder::default(), Instant::now());
+        let t = Instant::now();
+        let r = Reorder::new(t);
         assert_eq!(admit(&r, 1..=2, t), [(true, 1)]);
         assert_eq!(admit(&r, 5..=6, t), []);
         assert_eq!(admit(&r, 7..=7, t), []);
@@ -169,7 +206,8 @@ mod tests {
 
     #[test]
     fn past_the_wait_the_waiting_batches_go_on_and_a_late_predecessor_is_a_missed_notice() {
-        let (r, t) = (Reorder::default(), Instant::now());
+        let t = Instant::now();
+        let r = Reorder::new(t);
         assert_eq!(admit(&r, 1..=1, t), [(true, 1)]);
         assert_eq!(admit(&r, 3..=3, t), []);
         let mut out = Vec::new();
@@ -179,14 +217,26 @@ mod tests {
         assert_eq!(out, [(true, 3)]);
         assert_eq!(admit(&r, 2..=2, t), [(false, 2)]);
         assert_eq!(admit(&r, 4..=4, t), [(true, 4)]);
+        // Past a second gap, what is left waits its own full wait.
+        assert_eq!(admit(&r, 6..=6, t + REORDER_WAIT), []);
+        assert_eq!(admit(&r, 9..=9, t + REORDER_WAIT), []);
+        let mut out = Vec::new();
+        r.expire(t + REORDER_WAIT * 2, |a| out.push(first_of(a)));
+        assert_eq!(out, [(true, 6)]);
+        r.expire(t + REORDER_WAIT * 3 - Duration::from_millis(1), |a| out.push(first_of(a)));
+        assert_eq!(out, [(true, 6)]);
+        r.expire(t + REORDER_WAIT * 3, |a| out.push(first_of(a)));
+        assert_eq!(out, [(true, 6), (true, 9)]);
+        assert!(r.waiting().is_empty());
     }
 
     #[test]
     fn a_quiet_conversation_is_forgotten_and_its_next_batch_goes_on_as_it_comes() {
-        let (r, t) = (Reorder::default(), Instant::now());
+        let t = Instant::now();
+        let r = Reorder::new(t);
         assert_eq!(admit(&r, 1..=1, t), [(true, 1)]);
         r.expire(t + FORGET_AFTER, |_| {});
-        assert!(r.convs.is_empty());
+        assert!(r.convs.is_empty() && r.waiting().is_empty());
         assert_eq!(admit(&r, 9..=9, t), [(true, 9)]);
     }
 }
