@@ -11,6 +11,8 @@
 //! * `imcore.route` — a route claim `(user, device, conn)` (see `routing`).
 //! * `imcore.lost` — "this node's batches were lost before reaching the bus":
 //!   whoever gets it resyncs every user online there.
+//! * `imcore.confirm.<node>` — nobody subscribes: a request there is a round
+//!   trip to the server (it answers "no responders").
 //!
 //! Core NATS delivers at most once, in publish order per publishing
 //! connection. Whatever may have been lost makes the users concerned resync
@@ -24,17 +26,21 @@
 //!   that user (the lanes' gap rule, ARCHITECTURE §5);
 //! * this node's outbox overflowed or a publish failed: every user on every
 //!   other node, through `imcore.lost` once the bus takes messages again.
+//!
+//! What this node published and NATS did not confirm before its connection
+//! dropped is published again once reconnected (see [`Publisher`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use async_nats::{Client, ConnectOptions, Event, Message, Subscriber};
+use async_nats::{Client, ConnectOptions, Event, Message, RequestErrorKind, Subscriber};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use imcore_actors::registry::ConnId;
 use imcore_actors::{DeviceId, UserId};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::routing::{settle, Settled};
 use crate::delivery::{Delivery, KickReason, Peers, Push, REORDER_WAIT};
@@ -44,6 +50,7 @@ use crate::store::Appended;
 const BATCHES: &str = "imcore.batch";
 const ROUTES: &str = "imcore.route";
 const LOST: &str = "imcore.lost";
+const CONFIRM: &str = "imcore.confirm";
 
 /// Batches and claims waiting for the bus. Past it this node's batches are
 /// lost to the others, and it says so (`imcore.lost`) once it can.
@@ -53,6 +60,10 @@ const OUTBOX: usize = 16_384;
 const INBOX: usize = 65_536;
 /// The first connection to NATS must succeed within this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a confirmation round trip may take; past it the messages stay
+/// unconfirmed (and are published again if the connection turns out lost).
+/// Publishing waits meanwhile, so it is short.
+const CONFIRM_WAIT: Duration = Duration::from_secs(1);
 /// Longest pause between two reconnect attempts.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 /// NATS is pinged this often; two pings unanswered count as a disconnect, so
@@ -144,6 +155,7 @@ impl Bus {
         let bus = Arc::new(Bus { node: node.clone(), outbox, lost: lost.clone() });
         let (ready, started) = oneshot::channel();
         let (url_owned, weak, answers) = (url.to_owned(), Arc::downgrade(delivery), bus.outbox.downgrade());
+        let confirm_subject = format!("{CONFIRM}.{}", node.as_str());
         std::thread::Builder::new()
             .name("bus".into())
             .spawn(move || {
@@ -154,15 +166,31 @@ impl Bus {
                 runtime.block_on(async move {
                     let subscribed = async {
                         let client = options.connect(url_owned.as_str()).await.map_err(|e| e.to_string())?;
-                        let subs = Subscriptions::open(&client).await.map_err(|e| e.to_string())?;
+                        let subs = Subscriptions::open(&client, &confirm_subject).await.map_err(|e| e.to_string())?;
                         Ok::<_, String>((client, subs))
                     };
                     match subscribed.await {
                         Ok((client, subs)) => {
                             let _ = ready.send(Ok(()));
-                            let inbound = Inbound { client: client.clone(), delivery: weak, answers, down: false };
+                            let reconnected = Arc::new(Notify::new());
+                            let inbound = Inbound {
+                                client: client.clone(),
+                                delivery: weak,
+                                answers,
+                                reconnected: reconnected.clone(),
+                                confirm_subject: confirm_subject.clone(),
+                                down: false,
+                            };
                             tokio::spawn(inbound.run(subs, events));
-                            publish(client, outgoing, lost).await;
+                            let publisher = Publisher {
+                                client,
+                                outgoing,
+                                lost,
+                                reconnected,
+                                unconfirmed: Vec::new(),
+                                confirm_subject,
+                            };
+                            publisher.run().await;
                         }
                         Err(e) => drop(ready.send(Err(e))),
                     }
@@ -192,26 +220,111 @@ impl Bus {
 
 /// Publishes the outbox in order until it closes (the node's delivery is
 /// gone). Encoding happens here, once per batch, off the actors' threads.
-async fn publish(client: Client, mut outgoing: mpsc::Receiver<Outbound>, lost: Arc<AtomicBool>) {
-    while let Some(message) = outgoing.recv().await {
-        let sent = match message {
-            Outbound::Batch(a) => match serde_json::to_vec(&*a) {
-                Ok(bytes) => client.publish(format!("{BATCHES}.{}", a.conv_id), bytes.into()).await.is_ok(),
-                Err(_) => false,
-            },
-            Outbound::Claim(c) => match serde_json::to_vec(&c) {
-                Ok(bytes) => client.publish(ROUTES, bytes.into()).await.is_ok(),
-                Err(_) => false,
-            },
+///
+/// Core NATS loses what was still in the socket when a connection drops, and
+/// the other nodes cannot tell. So what was published stays here until a
+/// round trip to the server on the same connection confirms it;
+/// once reconnected, whatever is unconfirmed is published again, ahead of
+/// anything newer. A node that already had a batch takes the copy as late
+/// (its users already reflect it: nothing is pushed twice).
+struct Publisher {
+    client: Client,
+    outgoing: mpsc::Receiver<Outbound>,
+    lost: Arc<AtomicBool>,
+    /// Signalled once reconnected, subscriptions confirmed.
+    reconnected: Arc<Notify>,
+    /// Published and not yet confirmed, in order.
+    unconfirmed: Vec<(String, Bytes)>,
+    /// `imcore.confirm.<node>`: nobody subscribes to it.
+    confirm_subject: String,
+}
+
+impl Publisher {
+    async fn run(mut self) {
+        loop {
+            tokio::select! {
+                biased;
+                () = self.reconnected.notified() => self.resend().await,
+                message = self.outgoing.recv() => match message {
+                    Some(m) => self.send(m).await,
+                    None => return,
+                },
+            }
+            if self.outgoing.is_empty() {
+                self.confirm().await;
+            }
+            // Published after whatever it covers: a node that hears it has had
+            // every batch of ours that made it.
+            if self.lost.swap(false, Ordering::Relaxed) && self.client.publish(LOST, Bytes::new()).await.is_err() {
+                self.lost.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    async fn send(&mut self, message: Outbound) {
+        let encoded = match &message {
+            Outbound::Batch(a) => serde_json::to_vec(&**a).map(|b| (format!("{BATCHES}.{}", a.conv_id), b)),
+            Outbound::Claim(c) => serde_json::to_vec(c).map(|b| (ROUTES.to_owned(), b)),
         };
-        if !sent {
-            lost.store(true, Ordering::Relaxed);
+        let Ok((subject, bytes)) = encoded else {
+            return self.lost.store(true, Ordering::Relaxed);
+        };
+        let bytes = Bytes::from(bytes);
+        if self.client.publish(subject.clone(), bytes.clone()).await.is_err() {
+            return self.lost.store(true, Ordering::Relaxed);
         }
-        // Published after whatever it covers: a node that hears it has had
-        // every batch of ours that made it.
-        if lost.swap(false, Ordering::Relaxed) && client.publish(LOST, Vec::new().into()).await.is_err() {
-            lost.store(true, Ordering::Relaxed);
+        if self.unconfirmed.len() >= OUTBOX {
+            // Too much to send again: say it is lost instead.
+            self.unconfirmed.clear();
+            self.lost.store(true, Ordering::Relaxed);
         }
+        self.unconfirmed.push((subject, bytes));
+    }
+
+    /// Forgets what a round trip on the connection it went out on confirmed:
+    /// a request nobody answers, which the server refuses (no responders)
+    /// only after everything this connection sent before it. (The client's
+    /// `flush` only empties the socket's buffer.)
+    async fn confirm(&mut self) {
+        if self.unconfirmed.is_empty() {
+            return;
+        }
+        let (published, connects) = (self.unconfirmed.len(), self.connects());
+        if round_trip(&self.client, &self.confirm_subject).await && self.connects() == connects {
+            self.unconfirmed.drain(..published);
+        }
+    }
+
+    /// Connections made so far: a round trip answered on a later one confirms
+    /// nothing sent on an earlier one.
+    fn connects(&self) -> u64 {
+        self.client.statistics().connects.load(Ordering::Relaxed)
+    }
+
+    async fn resend(&mut self) {
+        if !self.unconfirmed.is_empty() {
+            tracing::info!(
+                messages = self.unconfirmed.len(),
+                "bus: publishing again what the lost connection may have dropped"
+            );
+        }
+        for (subject, bytes) in &self.unconfirmed {
+            if self.client.publish(subject.clone(), bytes.clone()).await.is_err() {
+                self.lost.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Whether the server answered a request on `subject` (which nobody
+/// subscribes to: it answers "no responders") within [`CONFIRM_WAIT`]. The
+/// server handles a connection's messages in order, so an answer means it
+/// has everything this connection sent before.
+async fn round_trip(client: &Client, subject: &str) -> bool {
+    match tokio::time::timeout(CONFIRM_WAIT, client.request(subject.to_owned(), Bytes::new())).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => e.kind() == RequestErrorKind::NoResponders,
+        Err(_) => false,
     }
 }
 
@@ -223,13 +336,15 @@ struct Subscriptions {
 
 impl Subscriptions {
     /// Subscribes, then waits until the server has the subscriptions.
-    async fn open(client: &Client) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+    async fn open(client: &Client, confirm_subject: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let subs = Self {
             batches: client.subscribe(format!("{BATCHES}.>")).await?,
             routes: client.subscribe(ROUTES).await?,
             lost: client.subscribe(LOST).await?,
         };
-        client.flush().await?;
+        if !round_trip(client, confirm_subject).await {
+            return Err("NATS did not confirm the subscriptions".into());
+        }
         Ok(subs)
     }
 }
@@ -249,6 +364,9 @@ struct Inbound {
     /// For answering an older claim with ours; weak, so that the outbox
     /// closes with the delivery that owns it.
     answers: mpsc::WeakSender<Outbound>,
+    /// Tells the publisher to send its unconfirmed messages again.
+    reconnected: Arc<Notify>,
+    confirm_subject: String,
     /// Disconnected from NATS since the last `Connected`.
     down: bool,
 }
@@ -321,13 +439,14 @@ impl Inbound {
             }
             Event::Connected if self.down => {
                 // The subscriptions go out again before anything else on the
-                // new connection; once flushed, the server has them.
-                if let Err(e) = self.client.flush().await {
-                    tracing::warn!(error = %e, "bus: flush after reconnecting failed");
+                // new connection; once a round trip is answered, the server has them.
+                if !round_trip(&self.client, &self.confirm_subject).await {
+                    tracing::warn!("bus: NATS did not confirm the subscriptions after reconnecting");
                 }
                 tracing::info!("bus: reconnected to NATS: users who connected meanwhile resync");
                 self.down = false;
                 delivery.resync_all();
+                self.reconnected.notify_one();
             }
             Event::SlowConsumer(_) => {
                 tracing::warn!("bus: NATS dropped messages for this node (slow consumer): every user here resyncs");

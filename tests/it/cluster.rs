@@ -369,3 +369,33 @@ async fn a_nats_restart_closes_connections_to_resync_and_delivery_recovers_by_it
     });
     assert!(check.resolve(observed.clone(), pass), "{observed}");
 }
+
+#[actix_web::test]
+async fn what_a_node_published_as_its_own_connection_dropped_reaches_the_others_once_it_reconnects() {
+    let check = Check::start(
+        SUITE,
+        "13-publisher-disconnect",
+        "3 nodes; the third's link to NATS swallows what it sends, a message is sent there, then the link is cut (NATS and the others stay up)",
+        "the member on the first node is pushed that message once reconnected, then the next one, in order, with nothing else sent and no close",
+    );
+    let (c, relay) = Cluster::start_relayed(3, Some(2)).await;
+    let relay = relay.expect("a relayed node");
+    let tokens = members(&c, "g-p", &["p0", "p2"]).await;
+    let mut near = c.nodes[0].ws(&tokens[0]).await;
+    let mut far = Device::connect(&c, &tokens[1], 2).await;
+    let first = send_all(&mut far.ws, "g-p", &["first".to_owned()]).await[0];
+    let before = pushed_until(&mut near, "g-p", 1).await;
+
+    relay.blackhole();
+    let swallowed = send_all(&mut far.ws, "g-p", &["swallowed".to_owned()]).await[0];
+    relay.cut();
+    // The third node resyncs its own devices on the disconnect and publishes
+    // again what NATS never confirmed.
+    let far_closed = far.ws.closed().await.code;
+    far.reconnect(&[&c.nodes[2]], "g-p").await;
+    let next = send_all(&mut far.ws, "g-p", &["next".to_owned()]).await[0];
+    let after = pushed_until(&mut near, "g-p", 2).await;
+    let pass = before == [first] && after == [swallowed, next];
+    let observed = json!({"pushed_before": before, "pushed_after_the_cut": after, "expected_after": [swallowed, next], "far_close_code": far_closed});
+    assert!(check.resolve(observed.clone(), pass), "{observed}");
+}

@@ -9,9 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
+use tokio::sync::watch;
 
 use crate::harness::TestDb;
 use crate::server::{http_raw, Ws, ADMIN};
@@ -168,6 +173,66 @@ impl Node {
     }
 }
 
+/// A TCP relay between one node and NATS, for cutting that node alone off:
+/// it copies both ways until [`Relay::blackhole`] makes it swallow what the
+/// node sends (a network dropping packets), and [`Relay::cut`] closes its
+/// connections; the node's next connection is relayed again.
+pub struct Relay {
+    pub port: u16,
+    swallow: Arc<AtomicBool>,
+    cuts: watch::Sender<u64>,
+}
+
+impl Relay {
+    async fn start(nats_port: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the relay");
+        let port = listener.local_addr().expect("relay address").port();
+        let swallow = Arc::new(AtomicBool::new(false));
+        let (cuts, _) = watch::channel(0);
+        let (swallowing, cut) = (swallow.clone(), cuts.clone());
+        tokio::spawn(async move {
+            while let Ok((node, _)) = listener.accept().await {
+                let Ok(nats) = TcpStream::connect(("127.0.0.1", nats_port)).await else { continue };
+                tokio::spawn(relay(node, nats, swallowing.clone(), cut.subscribe()));
+            }
+        });
+        Self { port, swallow, cuts }
+    }
+
+    pub fn blackhole(&self) {
+        self.swallow.store(true, Ordering::SeqCst);
+    }
+
+    /// Closes the relayed connections; later ones are copied faithfully.
+    pub fn cut(&self) {
+        self.swallow.store(false, Ordering::SeqCst);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
+
+async fn relay(node: TcpStream, nats: TcpStream, swallow: Arc<AtomicBool>, mut cut: watch::Receiver<u64>) {
+    let (mut from_node, mut to_node) = node.into_split();
+    let (mut from_nats, mut to_nats) = nats.into_split();
+    let upstream = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from_node.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if !swallow.load(Ordering::SeqCst) && to_nats.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let downstream = tokio::io::copy(&mut from_nats, &mut to_node);
+    tokio::select! {
+        () = upstream => {}
+        _ = downstream => {}
+        _ = cut.changed() => {}
+    }
+}
+
 /// `n` nodes on 127.0.0.1 … 127.0.0.n, one NATS server, one database.
 pub struct Cluster {
     /// The nodes' database, for the test's life.
@@ -179,14 +244,27 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start(n: u8) -> Self {
+        Self::start_relayed(n, None).await.0
+    }
+
+    /// Node `relayed` (if any) reaches NATS through a [`Relay`].
+    pub async fn start_relayed(n: u8, relayed: Option<usize>) -> (Self, Option<Relay>) {
         let db = TestDb::with_pool(2).await;
         let nats = Nats::start().await;
+        let relay = match relayed {
+            Some(_) => Some(Relay::start(nats.port).await),
+            None => None,
+        };
         let data_dir = std::env::temp_dir().join(format!("imcore-cluster-{}", uuid::Uuid::new_v4().simple()));
         let mut nodes = Vec::new();
         for i in 1..=n {
-            nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &nats.url(), &data_dir).await);
+            let url = match &relay {
+                Some(r) if relayed == Some(usize::from(i) - 1) => format!("nats://127.0.0.1:{}", r.port),
+                _ => nats.url(),
+            };
+            nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir).await);
         }
-        Self { _db: db, nats, nodes, data_dir }
+        (Self { _db: db, nats, nodes, data_dir }, relay)
     }
 
     /// An admin call, through the first node (on 127.0.0.1).
