@@ -72,6 +72,11 @@
 //!                                  receiver's session its push
 //! ```
 //!
+//! On a node of a cluster, hop 4 also hands the batch to the `bus` thread
+//! (`try_send`), which encodes it and publishes it to NATS; the other nodes'
+//! batches come from that thread straight to hop 5 (through the reorder
+//! stage, as this node's own do then).
+//!
 //! Nothing on an arbiter blocks: the gateway and the actors only `try_send`
 //! or await; fan-out (encoding, one push per device) is on the lanes, and a
 //! full lane or mailbox drops rather than waits (its users resync). The exceptions are bounded
