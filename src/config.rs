@@ -6,7 +6,7 @@
 //! them from there.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
@@ -33,15 +33,15 @@ pub struct Config {
     pub database_url: Option<String>,
 
     /// Address to serve HTTP and WebSocket on.
-    #[arg(long, env = "IMCORE_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "IMCORE_LISTEN", default_value = "127.0.0.1:8080", global = true)]
     pub listen: SocketAddr,
 
     /// Holds the embedded PostgreSQL (`pg/`) and the generated admin token.
-    #[arg(long, env = "IMCORE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    #[arg(long, env = "IMCORE_DATA_DIR", default_value = DEFAULT_DATA_DIR, global = true)]
     pub data_dir: PathBuf,
 
     /// Admin bearer token. Unset: generated once and kept in `<data_dir>/admin-token`.
-    #[arg(long, env = "IMCORE_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "IMCORE_ADMIN_TOKEN", hide_env_values = true, global = true)]
     pub admin_token: Option<String>,
 
     #[command(flatten)]
@@ -83,6 +83,11 @@ pub struct Config {
 }
 
 const DEFAULT_DATA_DIR: &str = "./var";
+
+/// Where the generated admin token is kept (when none is configured).
+pub fn admin_token_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("admin-token")
+}
 
 impl Config {
     /// Defaults for embedding (tests, benchmarks): nothing read from the

@@ -32,7 +32,10 @@
 //!   are produced only here; one op dispatch serves both transports.
 //! * [`metrics`] — Prometheus counters, histograms and sampled gauges.
 //! * [`config`], [`startup`], [`telemetry`] — configuration, the server
-//!   builder (port 0 for tests), logs.
+//!   builder (port 0 for tests), logs; [`cli`] — the command line (the
+//!   server, or `admin …`), [`admin`] — the admin commands, over HTTP.
+//! * The web client (`web/` at the repository's top) is embedded in the
+//!   binary and served at `/` (`gateway::client`).
 //! * The concurrency core (conversation actors, hub, route registry) is the
 //!   `imcore-actors` crate.
 //!
@@ -95,7 +98,9 @@
 
 #[doc = include_str!("ARCHITECTURE.md")]
 pub mod architecture {}
+pub mod admin;
 pub mod budget;
+pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod delivery;

@@ -16,7 +16,7 @@ use rand::RngCore;
 use tokio::sync::Notify;
 
 use crate::cluster::{Bus, BusError};
-use crate::config::{Config, RetentionSettings, SHUTDOWN_GRACE};
+use crate::config::{admin_token_path, Config, RetentionSettings, SHUTDOWN_GRACE};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
 use crate::store::{Store, StoreError};
@@ -194,7 +194,7 @@ async fn shutdown_requested(trigger: &ShutdownTrigger) {
 
 /// The generated admin token, kept in `<data_dir>/admin-token` (mode 0600).
 fn admin_token_file(data_dir: &Path) -> Result<String, StartupError> {
-    let path = data_dir.join("admin-token");
+    let path = admin_token_path(data_dir);
     if let Ok(token) = fs::read_to_string(&path) {
         tracing::info!(path = %path.display(), "admin token is in this file");
         return Ok(token.trim().to_owned());

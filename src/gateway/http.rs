@@ -151,5 +151,6 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         vec![(Method::POST, op!("approve"))],
     ))
     .service(resource("/v1/conversations/{conv_id}/applications/{user_id}/reject", vec![(Method::POST, op!("reject"))]))
-    .service(resource("/v1/ping", vec![(Method::GET, op!("ping"))]));
+    .service(resource("/v1/ping", vec![(Method::GET, op!("ping"))]))
+    .service(resource("/v1/me", vec![(Method::GET, op!("whoami"))]));
 }

@@ -9,6 +9,7 @@
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
 //! * `session` — the WebSocket actor (the only user of `actix-web-actors`).
 //! * `health` — `/healthz`, `/readyz`; `/metrics` is here.
+//! * `client` — the web client at `/`, embedded in the binary.
 //!
 //! # Pushes
 //! A push is a text frame without `id`, named by its `"push"` key:
@@ -18,6 +19,7 @@
 
 mod admin;
 mod auth;
+mod client;
 mod create_rate;
 mod error;
 mod group;
@@ -127,5 +129,6 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(http::resource("/v1/ws", vec![(Method::GET, web::to(session::upgrade))]))
         .configure(http::routes)
         .configure(admin::routes)
+        .configure(client::routes)
         .default_service(web::to(http::not_found));
 }

@@ -24,10 +24,10 @@ use crate::domain::{
     check_text, format_time, parse_time, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS,
 };
 use crate::metrics::{metrics, observe_send, Running};
-use crate::protocol::{conversation_json, event_json, push_read, send_ack_json, ErrorCode};
+use crate::protocol::{conversation_json, event_json, inbox_item_json, push_read, send_ack_json, ErrorCode};
 use crate::store::{
-    Appended, CreateConversation, GroupChange, GroupOp, GroupSettings, RecallOp, SendOp, SyncRequest, TokenOwner,
-    WriteOp, Written, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
+    Appended, CreateConversation, GroupChange, GroupOp, GroupSettings, InboxDelta, RecallOp, SendOp, SyncRequest,
+    TokenOwner, WriteOp, Written, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
 use crate::writer::WriteFailure;
 /// Most members named in one `create_conversation`.
@@ -46,6 +46,10 @@ pub enum Request {
     Conversations {
         limit: i64,
         cursor: Option<String>,
+    },
+    /// `conversations` with `since` (PROTOCOL §7).
+    ConversationsSince {
+        since: String,
     },
     Send {
         conv: ConvId,
@@ -78,6 +82,8 @@ pub enum Request {
         limit: i64,
     },
     Ping,
+    /// Who the caller's token belongs to (a client shows it and tells its own messages apart).
+    WhoAmI,
 }
 
 #[derive(Debug, Clone)]
@@ -101,7 +107,7 @@ impl Request {
         match self {
             Request::CreateConversation(_) => "create_conversation",
             Request::GetConversation { .. } => "get_conversation",
-            Request::Conversations { .. } => "conversations",
+            Request::Conversations { .. } | Request::ConversationsSince { .. } => "conversations",
             Request::Send { .. } => "send",
             Request::Sync(_) => "sync",
             Request::Read { .. } => "read",
@@ -110,6 +116,7 @@ impl Request {
             Request::Members { .. } => "members",
             Request::Applications { .. } => "applications",
             Request::Ping => "ping",
+            Request::WhoAmI => "whoami",
         }
     }
 
@@ -124,7 +131,11 @@ impl Request {
             | Request::Members { conv, .. }
             | Request::Applications { conv, .. } => Some(conv),
             Request::Sync(p) => Some(&p.conv),
-            Request::CreateConversation(_) | Request::Conversations { .. } | Request::Ping => None,
+            Request::CreateConversation(_)
+            | Request::Conversations { .. }
+            | Request::ConversationsSince { .. }
+            | Request::Ping
+            | Request::WhoAmI => None,
         }
     }
 
@@ -135,9 +146,12 @@ impl Request {
         Ok(match op {
             "create_conversation" => Request::CreateConversation(parse_new_conversation(&f)?),
             "get_conversation" => Request::GetConversation { conv: f.conv_id()? },
-            "conversations" => Request::Conversations {
-                limit: f.int_in("limit", 1, INBOX_MAX_LIMIT)?.unwrap_or(INBOX_DEFAULT_LIMIT),
-                cursor: f.opt_str("cursor")?.map(checked_cursor).transpose()?,
+            "conversations" => match f.opt_str("since")? {
+                Some(since) => Request::ConversationsSince { since: checked_since(&f, since)? },
+                None => Request::Conversations {
+                    limit: f.int_in("limit", 1, INBOX_MAX_LIMIT)?.unwrap_or(INBOX_DEFAULT_LIMIT),
+                    cursor: f.opt_str("cursor")?.map(checked_cursor).transpose()?,
+                },
             },
             "send" => {
                 let conv = f.conv_id()?;
@@ -170,6 +184,7 @@ impl Request {
                 seq: f.int_in("seq", 0, i64::MAX)?.ok_or_else(|| ApiError::bad_request("missing field `seq`"))?,
             },
             "ping" => Request::Ping,
+            "whoami" => Request::WhoAmI,
             "recall" => Request::Recall {
                 conv: f.conv_id()?,
                 target_seq: f
@@ -304,6 +319,18 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// A `since` token is opaque: any string of bounded length is taken (one that
+/// is not a token of ours answers `reset`), alone (no `cursor`, no `limit`).
+fn checked_since(f: &Fields<'_>, since: &str) -> Result<String, ApiError> {
+    if f.0.contains_key("cursor") || f.0.contains_key("limit") {
+        return Err(ApiError::bad_request("`since` takes neither `cursor` nor `limit`"));
+    }
+    if since.len() > MAX_CURSOR_CHARS {
+        return Err(ApiError::bad_request("malformed since: pass a `since` as it was given"));
+    }
+    Ok(since.to_owned())
+}
+
 /// An inbox cursor is opaque, but it is always hex of bounded length: anything
 /// else cannot be one of ours and is refused before the store sees it.
 fn checked_cursor(cursor: &str) -> Result<String, ApiError> {
@@ -430,21 +457,16 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
         }
         Request::Conversations { limit, cursor } => {
             let page = state.store.inbox(user, limit, cursor.as_deref()).await?;
-            let items: Vec<Value> = page
-                .items
-                .iter()
-                .map(|item| {
-                    let mut c = conversation_json(&item.conversation);
-                    if let Value::Object(m) = &mut c {
-                        m.insert("read_seq".into(), item.read_seq.into());
-                        m.insert("unread".into(), item.unread.into());
-                        m.insert("last_event".into(), item.last_event.as_ref().map_or(Value::Null, event_json));
-                    }
-                    c
-                })
-                .collect();
-            Ok(Reply::ok(json!({"conversations": items, "next_cursor": page.next_cursor})))
+            let items: Vec<Value> = page.items.iter().map(inbox_item_json).collect();
+            Ok(Reply::ok(json!({"conversations": items, "next_cursor": page.next_cursor, "since": page.since})))
         }
+        Request::ConversationsSince { since } => match state.store.inbox_since(user, &since).await? {
+            InboxDelta::Changed { items, left, since } => {
+                let items: Vec<Value> = items.iter().map(inbox_item_json).collect();
+                Ok(Reply::ok(json!({"conversations": items, "left": left, "since": since})))
+            }
+            InboxDelta::Reset => Ok(Reply::ok(json!({"reset": true}))),
+        },
         Request::Sync(p) => {
             let sync = SyncRequest {
                 conv: p.conv,
@@ -484,6 +506,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
             Ok(Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?)))
         }
         Request::Ping => Ok(Reply::ok(pong())),
+        Request::WhoAmI => Ok(Reply::ok(json!({ "user_id": user.as_str(), "device_id": caller.device_id.as_str() }))),
         // Queued on the writer in `dispatch`.
         Request::Send { .. } | Request::Group { .. } | Request::Recall { .. } => Err(ApiError::internal()),
     }
@@ -568,5 +591,15 @@ mod tests {
                 "{cursor}"
             );
         }
+        for fields in [
+            json!({"since": 12}),
+            json!({"since": "ab", "cursor": "ab"}),
+            json!({"since": "ab", "limit": 10}),
+            json!({"since": "a".repeat(MAX_CURSOR_CHARS + 1)}),
+        ] {
+            assert_eq!(code(parse("conversations", fields.clone())), Some(ErrorCode::BadRequest), "{fields}");
+        }
+        // Any other string is a token to look at: not ours answers `reset`, not an error.
+        assert!(matches!(parse("conversations", json!({"since": "not ours"})), Ok(Request::ConversationsSince { .. })));
     }
 }

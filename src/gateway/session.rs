@@ -296,9 +296,9 @@ impl WsSession {
         // frame order (P6), and bounded by its conversation's queue and the
         // memory budget: it takes no turn, which would only delay its answer.
         // Other requests start their work when first polled, so they wait
-        // for a turn first. A ping does no database work.
+        // for a turn first. A ping or a whoami does no database work.
         let turns = match req {
-            Request::Send { .. } | Request::Ping => None,
+            Request::Send { .. } | Request::Ping | Request::WhoAmI => None,
             _ => Some(self.turns.clone()),
         };
         let answer = ops::dispatch(&self.state, &self.owner, req, "ws");

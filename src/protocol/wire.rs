@@ -6,7 +6,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::domain::{format_time, Event, EventKind};
-use crate::store::{ConversationInfo, SendAck};
+use crate::store::{ConversationInfo, InboxItem, SendAck};
 
 #[derive(Serialize)]
 struct Sender<'a> {
@@ -166,6 +166,18 @@ pub fn conversation_json(c: &ConversationInfo) -> Value {
         "retention_ms": c.retention_ms,
         "created_at": format_time(c.created_at),
     })
+}
+
+/// PROTOCOL §5 inbox item: the conversation with the caller's `read_seq`,
+/// `unread` and `last_event`.
+pub fn inbox_item_json(item: &InboxItem) -> Value {
+    let mut c = conversation_json(&item.conversation);
+    if let Value::Object(m) = &mut c {
+        m.insert("read_seq".into(), item.read_seq.into());
+        m.insert("unread".into(), item.unread.into());
+        m.insert("last_event".into(), item.last_event.as_ref().map_or(Value::Null, event_json));
+    }
+    c
 }
 
 #[cfg(test)]

@@ -169,7 +169,8 @@ impl Store {
         };
         let owner = (kind == "group").then(|| creator.as_str());
         let mut conn = self.pool.get().await?;
-        let tx = conn.transaction().await?;
+        let (client, prepared) = conn.split().await?;
+        let tx = client.transaction().await?;
         let inserted = tx
             .execute_typed(
                 "INSERT INTO conversations (conv_id, kind, name, owner, delivery_mode, join_mode, max_member,
@@ -219,7 +220,7 @@ impl Store {
                 .filter(|u| seen.insert(*u))
                 .map(|u| WriteOp::Join(JoinOp { user: u.clone(), actor: creator.clone(), role: Role::Member })),
         );
-        let written = apply_ops(&tx, &conv_id, joins).await?;
+        let written = apply_ops(&tx, prepared, &conv_id, joins).await?;
         if let Some(Err(rejection)) = written.outcomes.into_iter().find(Result::is_err) {
             return Err(rejection.into()); // dropping `tx` rolls the whole creation back
         }
@@ -234,7 +235,7 @@ impl Store {
     /// member (former members keep reading their history); else `NOT_MEMBER`,
     /// also for a conversation that does not exist.
     pub async fn get_conversation(&self, conv: &ConvId, caller: &UserId) -> Result<ConversationInfo, StoreError> {
-        read_conversation(&*self.pool.get().await?, conv, caller).await
+        read_conversation(&**self.pool.get().await?, conv, caller).await
     }
 
     /// Admin: bump the epoch after the log was rebuilt (a restore). Clients

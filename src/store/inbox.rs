@@ -16,7 +16,9 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
+use tokio_postgres::Row;
 
+use super::changes::since_token;
 use super::conversations::{conversation_from_row_at, CONVERSATION_COLUMNS};
 use super::sync::event_from_row;
 use super::{ConversationInfo, Store, StoreError};
@@ -36,6 +38,9 @@ pub struct InboxPage {
     pub items: Vec<InboxItem>,
     /// Pass as `cursor` for the next page; `None` on the last page.
     pub next_cursor: Option<String>,
+    /// Pass as `since` to learn what changed after this page was read
+    /// (PROTOCOL §7; a full paging keeps the first page's).
+    pub since: String,
 }
 
 #[derive(Debug, Clone)]
@@ -55,8 +60,28 @@ pub struct InboxItem {
 }
 
 /// $1 user, $2 cursor time (NULL: first page), $3 cursor conv_id, $4 page rows
-/// to fetch. Columns: the event columns of `sync` (0–13, NULL when there is no
-/// visible event), the conversation (14–29), read_seq, unread, last_event_at.
+/// to fetch. Columns: see [`inbox_items_sql`].
+///
+/// The keyset mixes directions (time descending, id ascending), so the cursor
+/// condition is spelled out rather than a row comparison.
+pub static INBOX_PAGE: LazyLock<String> = LazyLock::new(|| {
+    inbox_items_sql(
+        "
+  SELECT m.conv_id, p.from_seq
+    FROM members m
+    JOIN membership_periods p ON p.conv_id = m.conv_id AND p.user_id = m.user_id AND p.to_seq IS NULL
+    JOIN conversations c ON c.conv_id = m.conv_id
+   WHERE m.user_id = $1
+     AND ($2 IS NULL OR c.last_event_at < $2 OR (c.last_event_at = $2 AND c.conv_id > $3))
+   ORDER BY c.last_event_at DESC, c.conv_id
+   LIMIT $4",
+    )
+});
+
+/// The inbox items of the conversations `page` selects (`conv_id`,
+/// `from_seq` of the user's open period; `$1` is the user). Columns: the
+/// event columns of `sync` (0–13, NULL when there is no visible event), the
+/// conversation (14–29), read_seq, unread, last_event_at.
 ///
 /// The unread count reads a seq range of at most [`UNREAD_SCAN_ROWS`] after
 /// the cursor, or after `min_seq` where retention purged past the cursor
@@ -65,22 +90,12 @@ pub struct InboxItem {
 /// filter, and the rows the user cannot count (its own messages) would pass
 /// unbounded. The LIMIT [`UNREAD_CAP`] then stops the count at "999+".
 ///
-/// The keyset mixes directions (time descending, id ascending), so the cursor
-/// condition is spelled out rather than a row comparison. The `page` subquery
-/// has a LIMIT, so PostgreSQL cannot flatten it: the LATERALs run only for
-/// the rows of the page, never for every conversation of the user.
-pub static INBOX_PAGE: LazyLock<String> = LazyLock::new(|| {
+/// `page` ends with a LIMIT, so PostgreSQL cannot flatten it: the LATERALs
+/// run only for the rows of the page, never for every conversation of the user.
+pub(super) fn inbox_items_sql(page: &str) -> String {
     format!(
         "
-WITH page AS (
-  SELECT m.conv_id, p.from_seq
-    FROM members m
-    JOIN membership_periods p ON p.conv_id = m.conv_id AND p.user_id = m.user_id AND p.to_seq IS NULL
-    JOIN conversations c ON c.conv_id = m.conv_id
-   WHERE m.user_id = $1
-     AND ($2 IS NULL OR c.last_event_at < $2 OR (c.last_event_at = $2 AND c.conv_id > $3))
-   ORDER BY c.last_event_at DESC, c.conv_id
-   LIMIT $4)
+WITH page AS ({page})
 SELECT le.seq, le.kind, le.created_at, le.message_id, le.sender_user, le.sender_device, le.client_msg_id,
        le.body, le.subject_user, le.actor, le.reason, le.target_seq, le.change, le.recalled,
        {CONVERSATION_COLUMNS},
@@ -104,7 +119,7 @@ SELECT le.seq, le.kind, le.created_at, le.message_id, le.sender_user, le.sender_
        LIMIT {UNREAD_CAP}) x) u
  ORDER BY c.last_event_at DESC, c.conv_id"
     )
-});
+}
 
 /// Column of the conversation in [`INBOX_PAGE`]; the event columns come first.
 const CONV_AT: usize = 14;
@@ -125,39 +140,39 @@ impl Store {
         };
         let fetch = limit + 1;
         let conn = self.pool.get().await?;
-        let rows = conn
-            .query_typed(
-                &INBOX_PAGE,
-                &[
-                    (&user.as_str(), Type::TEXT),
-                    (&after_time, Type::TIMESTAMPTZ),
-                    (&after_conv.as_ref().map(ConvId::as_str), Type::TEXT),
-                    (&fetch, Type::INT8),
-                ],
-            )
-            .await?;
+        // The token first: its statement runs before the page's snapshot (§7).
+        let (user, after_conv) = (user.as_str(), after_conv.as_ref().map(ConvId::as_str));
+        let params = [
+            (&user as _, Type::TEXT),
+            (&after_time as _, Type::TIMESTAMPTZ),
+            (&after_conv as _, Type::TEXT),
+            (&fetch as _, Type::INT8),
+        ];
+        let (since, rows) = futures_util::join!(since_token(&conn), conn.query_typed(&INBOX_PAGE, &params));
+        let (since, rows) = (since?, rows?);
         let more = rows.len() as i64 > limit;
         let mut next_cursor = None;
         let mut items = Vec::with_capacity(rows.len().min(limit as usize));
         for r in rows.iter().take(limit as usize) {
-            let conversation = conversation_from_row_at(r, CONV_AT);
-            let last_event = match r.get::<_, Option<i64>>(0) {
-                Some(_) => event_from_row(&conversation.conv_id, r),
-                None => None,
-            };
-            let last_event_at: DateTime<Utc> = r.get(CONV_AT + 18);
+            let (item, last_event_at) = inbox_item(r);
             if more {
-                next_cursor = Some(encode_cursor(last_event_at, &conversation.conv_id));
+                next_cursor = Some(encode_cursor(last_event_at, &item.conversation.conv_id));
             }
-            items.push(InboxItem {
-                read_seq: r.get(CONV_AT + 16),
-                unread: r.get(CONV_AT + 17),
-                last_event,
-                conversation,
-            });
+            items.push(item);
         }
-        Ok(InboxPage { items, next_cursor })
+        Ok(InboxPage { items, next_cursor, since })
     }
+}
+
+/// An item from a row of [`inbox_items_sql`], and its conversation's `last_event_at`.
+pub(super) fn inbox_item(r: &Row) -> (InboxItem, DateTime<Utc>) {
+    let conversation = conversation_from_row_at(r, CONV_AT);
+    let last_event = match r.get::<_, Option<i64>>(0) {
+        Some(_) => event_from_row(&conversation.conv_id, r),
+        None => None,
+    };
+    let item = InboxItem { read_seq: r.get(CONV_AT + 16), unread: r.get(CONV_AT + 17), last_event, conversation };
+    (item, r.get(CONV_AT + 18))
 }
 
 /// Opaque to clients: hex of `<last_event_at in µs since the epoch>:<conv_id>`

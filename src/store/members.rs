@@ -86,7 +86,7 @@ impl Store {
         q: Option<&str>,
     ) -> Result<MemberPage, StoreError> {
         let c = self.pool.get().await?;
-        let (_, member_count) = caller_role(&*c, conv, caller).await?;
+        let (_, member_count) = caller_role(&**c, conv, caller).await?;
         let pattern = q.map(|q| format!("{}%", escape_like(q)));
         let rows = c
             .query_typed(
@@ -128,7 +128,7 @@ impl Store {
         limit: i64,
     ) -> Result<ApplicationPage, StoreError> {
         let c = self.pool.get().await?;
-        let (role, _) = caller_role(&*c, conv, caller).await?;
+        let (role, _) = caller_role(&**c, conv, caller).await?;
         if role == Role::Member {
             return Err(Rejection::Forbidden("only the owner and admins see applications").into());
         }

@@ -6,7 +6,9 @@
 //! trips, not across fsync (ARCHITECTURE §3).
 
 mod accounts;
+mod changes;
 mod commit_stage;
+mod connection;
 mod conversations;
 mod error;
 mod inbox;
@@ -19,12 +21,10 @@ mod retention;
 mod sync;
 mod write;
 
-use bb8_postgres::PostgresConnectionManager;
-use tokio_postgres::NoTls;
-
 use crate::config::StoreSettings;
 
 pub use accounts::{token_hash, DeviceToken, TokenOwner};
+pub use changes::{InboxDelta, SINCE_MAX_AGE, SINCE_MAX_CHANGED};
 use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
 pub use error::{ErrorClass, Report, StoreError};
@@ -41,7 +41,9 @@ pub use write::{
     Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
 };
 
-pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+pub use connection::PooledClient;
+
+pub type Pool = bb8::Pool<connection::Manager>;
 
 /// Session settings for every pooled connection. A transaction that holds a
 /// conversation row lock must never wait forever (ARCHITECTURE §3, faults).
@@ -72,16 +74,13 @@ impl Store {
         if config.get_application_name().is_none() {
             config.application_name("imcore");
         }
-        let manager = PostgresConnectionManager::new(config, NoTls);
         let pool = bb8::Pool::builder()
             .max_size(settings.pool_size)
             .connection_timeout(settings.pool_timeout())
-            // A validation round trip per checkout (~0.3 ms a transaction):
-            // without it a connection whose backend was just terminated can go
-            // back to the pool before the client sees the close, and fail the
-            // next transaction too.
+            // Checks, without a round trip, that the connection is not known
+            // closed (`connection::Manager::is_valid`).
             .test_on_check_out(true)
-            .build(manager)
+            .build(connection::Manager::new(config))
             .await?;
         Ok(Self { pool, commit_stage: None })
     }
@@ -100,7 +99,7 @@ impl Store {
     /// Database reachable and the schema at this build's version.
     pub async fn ready(&self) -> bool {
         match self.pool.get().await {
-            Ok(c) => migrate::up_to_date(&*c).await.unwrap_or(false),
+            Ok(c) => migrate::up_to_date(&**c).await.unwrap_or(false),
             Err(_) => false,
         }
     }

@@ -24,7 +24,9 @@ SELECT $2, c.conv_id, least($3, c.next_seq - 1)
    AND EXISTS (SELECT 1 FROM membership_periods p
                 WHERE p.conv_id = c.conv_id AND p.user_id = $2 AND p.to_seq IS NULL)
     ON CONFLICT (user_id, conv_id)
-    DO UPDATE SET read_seq = greatest(read_cursors.read_seq, excluded.read_seq)
+    DO UPDATE SET read_seq = greatest(read_cursors.read_seq, excluded.read_seq),
+                  changed_at = CASE WHEN excluded.read_seq > read_cursors.read_seq THEN now()
+                                    ELSE read_cursors.changed_at END
 RETURNING read_seq";
 
 /// $1 conv, $2 user. No row back = never a member (or no such conversation).

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use imcore_actors::ConvId;
 use tokio_postgres::types::Type;
 
-use super::{Store, StoreError};
+use super::{PooledClient, Store, StoreError};
 
 /// What one run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -150,25 +150,12 @@ impl Store {
     /// `conv` is due (or it is gone).
     async fn purge_chunk(&self, conv: &ConvId, chunk: i64) -> Result<Option<(u64, u64)>, StoreError> {
         let mut c = self.pool.get().await?;
-        let tx = c.transaction().await?;
-        if tx.query_typed_opt(LOCK_ROW, &[(&conv.as_str(), Type::TEXT)]).await?.is_none() {
-            return Ok(None); // gone meanwhile: nothing to purge
+        let purged = purge_chunk_on(&mut c, conv, chunk).await;
+        if let Err(e) = &purged {
+            c.note_failure(e);
         }
-        let Some(row) = tx.query_typed_opt(CHUNK_END, &[(&conv.as_str(), Type::TEXT), (&chunk, Type::INT8)]).await?
-        else {
-            return Ok(None);
-        };
-        let (from, to): (i64, i64) = (row.get(0), row.get(1));
-        if to <= from {
-            return Ok(None);
-        }
-        let done = tx
-            .query_typed(PURGE_CHUNK, &[(&conv.as_str(), Type::TEXT), (&from, Type::INT8), (&to, Type::INT8)])
-            .await?;
-        tx.commit().await?;
-        Ok(Some(done.first().map_or((0, 0), |d| (d.get::<_, i64>(0) as u64, d.get::<_, i64>(1) as u64))))
+        purged
     }
-
     async fn expire_tombstones(&self, horizon_ms: i64) -> Result<u64, StoreError> {
         let c = self.pool.get().await?;
         let mut expired = 0;
@@ -180,4 +167,23 @@ impl Store {
             }
         }
     }
+}
+
+/// [`Store::purge_chunk`] on the connection it checked out.
+async fn purge_chunk_on(c: &mut PooledClient, conv: &ConvId, chunk: i64) -> Result<Option<(u64, u64)>, StoreError> {
+    let tx = c.transaction().await?;
+    if tx.query_typed_opt(LOCK_ROW, &[(&conv.as_str(), Type::TEXT)]).await?.is_none() {
+        return Ok(None); // gone meanwhile: nothing to purge
+    }
+    let Some(row) = tx.query_typed_opt(CHUNK_END, &[(&conv.as_str(), Type::TEXT), (&chunk, Type::INT8)]).await? else {
+        return Ok(None);
+    };
+    let (from, to): (i64, i64) = (row.get(0), row.get(1));
+    if to <= from {
+        return Ok(None);
+    }
+    let done =
+        tx.query_typed(PURGE_CHUNK, &[(&conv.as_str(), Type::TEXT), (&from, Type::INT8), (&to, Type::INT8)]).await?;
+    tx.commit().await?;
+    Ok(Some(done.first().map_or((0, 0), |d| (d.get::<_, i64>(0) as u64, d.get::<_, i64>(1) as u64))))
 }

@@ -3,6 +3,7 @@
 
 mod actor_flood;
 mod actor_path;
+mod admin_commands;
 mod cluster;
 mod cluster_harness;
 mod commit_isolation;
@@ -29,6 +30,8 @@ mod presence;
 mod recall;
 mod retention;
 mod server;
+mod since;
 mod startup;
 mod store_rules;
 mod sync_points;
+mod web;

@@ -23,6 +23,7 @@ pub struct TestServer {
     pub running: tokio::task::JoinHandle<std::io::Result<()>>,
     /// The server's own writer and delivery.
     pub state: actix_web::web::Data<AppState>,
+    config: Config,
 }
 
 impl TestServer {
@@ -39,10 +40,25 @@ impl TestServer {
         config.workers = 1;
         config.store.pool_size = 8;
         tweak(&mut config);
-        let app = Application::build(config).await.expect("build the server");
+        Self::serve(db, config).await
+    }
+
+    async fn serve(db: TestDb, config: Config) -> Self {
+        let app = Application::build(config.clone()).await.expect("build the server");
         let (port, trigger, state) = (app.port(), app.shutdown_trigger(), app.state().clone());
         let running = actix_web::rt::spawn(app.run_until_stopped());
-        Self { port, db, trigger, running, state }
+        Self { port, db, trigger, running, state, config }
+    }
+
+    /// Shuts down gracefully; [`Stopped::start`] serves the same database
+    /// on the same port again.
+    pub async fn stop(self) -> Stopped {
+        self.trigger.fire();
+        let stopped = tokio::time::timeout(WAIT * 3, self.running).await.expect("stopped in time");
+        stopped.expect("server task").expect("server stopped cleanly");
+        let mut config = self.config;
+        config.listen.set_port(self.port);
+        Stopped { db: self.db, config }
     }
 
     pub async fn http(&self, method: &str, path: &str, token: Option<&str>, body: Option<&Value>) -> (u16, Value) {
@@ -83,6 +99,18 @@ impl TestServer {
             .await;
         assert!(status == 201 || status == 200, "create direct: {status} {v}");
         v["conv_id"].as_str().expect("conv_id").to_owned()
+    }
+}
+
+/// A [`TestServer`] that stopped, with its database and port.
+pub struct Stopped {
+    db: TestDb,
+    config: Config,
+}
+
+impl Stopped {
+    pub async fn start(self) -> TestServer {
+        TestServer::serve(self.db, self.config).await
     }
 }
 

@@ -1,16 +1,15 @@
 //! The one INSERT of every event of a transaction, with the row updates.
 
-use tokio_postgres::types::Type;
-use tokio_postgres::Client;
 use uuid::Uuid;
 
 use super::batch::BatchBuilder;
+use super::prepared::Conn;
 use crate::domain::{Event, EventKind};
 use crate::store::StoreError;
 
 /// Every event of every conversation of the transaction, the bodies its
 /// recalls erase, and every conversation row, in one statement.
-const APPEND_EVENTS: &str = "
+pub(super) const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
                       body, subject_user, actor, reason, change, target_seq, recalled, created_at)
@@ -104,7 +103,7 @@ impl<'a> EventColumns<'a> {
 
 /// Writes every event the transaction's batches accumulated and moves each
 /// conversation row on (`next_seq`, `member_version`, `member_count`), at once.
-pub(super) async fn append_events(tx: &Client, builders: &[(usize, BatchBuilder)]) -> Result<(), StoreError> {
+pub(super) async fn append_events(tx: Conn<'_>, builders: &[(usize, BatchBuilder)]) -> Result<(), StoreError> {
     let mut cols = EventColumns::default();
     let (mut convs, mut next_seqs, mut bumps, mut counts) = (vec![], vec![], vec![], vec![]);
     let (mut erased_convs, mut erased_seqs) = (vec![], vec![]);
@@ -124,33 +123,34 @@ pub(super) async fn append_events(tx: &Client, builders: &[(usize, BatchBuilder)
         now = Some(b.now);
     }
     let Some(now) = now else { return Ok(()) };
-    tx.execute_typed(
-        APPEND_EVENTS,
-        &[
-            (&cols.convs, Type::TEXT_ARRAY),
-            (&cols.seqs, Type::INT8_ARRAY),
-            (&cols.kinds, Type::TEXT_ARRAY),
-            (&cols.message_ids, Type::UUID_ARRAY),
-            (&cols.senders, Type::TEXT_ARRAY),
-            (&cols.devices, Type::TEXT_ARRAY),
-            (&cols.keys, Type::TEXT_ARRAY),
-            (&cols.hashes, Type::BYTEA_ARRAY),
-            (&cols.bodies, Type::TEXT_ARRAY),
-            (&cols.subjects, Type::TEXT_ARRAY),
-            (&cols.actors, Type::TEXT_ARRAY),
-            (&cols.reasons, Type::TEXT_ARRAY),
-            (&cols.changes, Type::TEXT_ARRAY),
-            (&cols.targets, Type::INT8_ARRAY),
-            (&cols.recalled, Type::BOOL_ARRAY),
-            (&now, Type::TIMESTAMPTZ),
-            (&convs, Type::TEXT_ARRAY),
-            (&next_seqs, Type::INT8_ARRAY),
-            (&bumps, Type::INT8_ARRAY),
-            (&counts, Type::INT4_ARRAY),
-            (&erased_convs, Type::TEXT_ARRAY),
-            (&erased_seqs, Type::INT8_ARRAY),
-        ],
-    )
-    .await?;
+    tx.client
+        .execute(
+            &tx.prepared.append,
+            &[
+                &cols.convs,
+                &cols.seqs,
+                &cols.kinds,
+                &cols.message_ids,
+                &cols.senders,
+                &cols.devices,
+                &cols.keys,
+                &cols.hashes,
+                &cols.bodies,
+                &cols.subjects,
+                &cols.actors,
+                &cols.reasons,
+                &cols.changes,
+                &cols.targets,
+                &cols.recalled,
+                &now,
+                &convs,
+                &next_seqs,
+                &bumps,
+                &counts,
+                &erased_convs,
+                &erased_seqs,
+            ],
+        )
+        .await?;
     Ok(())
 }

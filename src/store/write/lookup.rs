@@ -8,6 +8,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
+use super::prepared::Conn;
 use super::recall::{Target, Targets};
 use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
 use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
@@ -55,23 +56,23 @@ macro_rules! lock_conversations_sql {
         )
     };
 }
-const LOCK_CONVERSATIONS: &str = lock_conversations_sql!("");
+pub(super) const LOCK_CONVERSATIONS: &str = lock_conversations_sql!("");
 /// `SKIP LOCKED` rather than `NOWAIT`: `NOWAIT` fails the statement, and with
 /// it the transaction, at the first row held elsewhere without naming it;
 /// `SKIP LOCKED` returns the rows it took, so the transaction goes on with
 /// those and leaves the others out.
-const LOCK_CONVERSATIONS_SKIP_LOCKED: &str = lock_conversations_sql!(" SKIP LOCKED");
+pub(super) const LOCK_CONVERSATIONS_SKIP_LOCKED: &str = lock_conversations_sql!(" SKIP LOCKED");
 
 /// Which of the conversations exist, without locking (a row another
 /// transaction holds is still read).
-const EXISTING_CONVERSATIONS: &str = "SELECT conv_id FROM conversations WHERE conv_id = ANY($1::text[])";
+pub(super) const EXISTING_CONVERSATIONS: &str = "SELECT conv_id FROM conversations WHERE conv_id = ANY($1::text[])";
 
 /// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
 /// join against the key list can scan the whole conversation). Tombstones are
 /// probed only where retention ever purged (`min_seq > 1`), read from the
 /// row itself: the statement runs behind the lock statement, whose result it
 /// cannot wait for.
-const LOOKUP_REQUEST_KEYS: &str = "
+pub(super) const LOOKUP_REQUEST_KEYS: &str = "
 SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash
   FROM unnest($1::text[], $2::text[], $3::text[]) AS k(conv, u, c)
   JOIN conversations c ON c.conv_id = k.conv
@@ -82,7 +83,7 @@ SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.re
  WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
 
 /// The standings of (conversation, user) pairs, by primary key.
-const LOAD_STANDINGS: &str = "
+pub(super) const LOAD_STANDINGS: &str = "
 SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms FROM members m
   JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
 
@@ -93,16 +94,16 @@ SELECT a.conv_id, a.user_id FROM group_applications a
 const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::text[])";
 
 async fn lock_conversations(
-    tx: &Client,
+    tx: Conn<'_>,
     jobs: &[BatchJob],
     mode: LockMode,
 ) -> Result<HashMap<ConvId, ConvRow>, StoreError> {
     let ids: Vec<&str> = jobs.iter().map(|j| j.conv.as_str()).collect();
     let statement = match mode {
-        LockMode::Wait => LOCK_CONVERSATIONS,
-        LockMode::SkipLocked => LOCK_CONVERSATIONS_SKIP_LOCKED,
+        LockMode::Wait => &tx.prepared.lock,
+        LockMode::SkipLocked => &tx.prepared.lock_skip_locked,
     };
-    let rows = tx.query_typed(statement, &[(&ids, Type::TEXT_ARRAY)]).await?;
+    let rows = tx.client.query(statement, &[&ids]).await?;
     Ok(rows
         .iter()
         .filter_map(|r| {
@@ -128,9 +129,9 @@ async fn lock_conversations(
 /// Which conversations of `jobs` exist, read without locking (a row another
 /// transaction holds is still read): those that exist but that a `SKIP
 /// LOCKED` lock statement did not return are held elsewhere.
-async fn existing_conversations(tx: &Client, jobs: &[BatchJob]) -> Result<HashSet<ConvId>, StoreError> {
+async fn existing_conversations(tx: Conn<'_>, jobs: &[BatchJob]) -> Result<HashSet<ConvId>, StoreError> {
     let ids: Vec<&str> = jobs.iter().map(|j| j.conv.as_str()).collect();
-    let rows = tx.query_typed(EXISTING_CONVERSATIONS, &[(&ids, Type::TEXT_ARRAY)]).await?;
+    let rows = tx.client.query(&tx.prepared.existing, &[&ids]).await?;
     Ok(rows.iter().filter_map(|r| ConvId::parse(r.get(0)).ok()).collect())
 }
 
@@ -155,7 +156,7 @@ pub(super) struct Reads {
 /// before (ARCHITECTURE §3). A failure is the first one in that order (a
 /// failed statement aborts the transaction, which fails those behind it).
 pub(super) async fn lock_and_read<B>(
-    tx: &Client,
+    tx: Conn<'_>,
     begin: B,
     jobs: &mut [BatchJob],
     mode: LockMode,
@@ -177,9 +178,9 @@ where
         existing,
         lookup_request_keys(tx, jobs),
         read_standings(tx, pairs),
-        lookup_joiners(tx, jobs),
-        lookup_applications(tx, jobs),
-        lookup_recall_targets(tx, jobs),
+        lookup_joiners(tx.client, jobs),
+        lookup_applications(tx.client, jobs),
+        lookup_recall_targets(tx.client, jobs),
     );
     begun?;
     let rows = rows?;
@@ -210,7 +211,7 @@ pub(super) struct SendAckWithHash {
 
 pub(super) type RequestKey = (ConvId, UserId, ClientMsgId);
 
-async fn lookup_request_keys(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<RequestKey, Prior>, StoreError> {
+async fn lookup_request_keys(tx: Conn<'_>, jobs: &[BatchJob]) -> Result<HashMap<RequestKey, Prior>, StoreError> {
     let (mut convs, mut users, mut keys) = (vec![], vec![], vec![]);
     for job in jobs {
         for op in &job.ops {
@@ -224,12 +225,7 @@ async fn lookup_request_keys(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<R
     if keys.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows = tx
-        .query_typed(
-            LOOKUP_REQUEST_KEYS,
-            &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY), (&keys, Type::TEXT_ARRAY)],
-        )
-        .await?;
+    let rows = tx.client.query(&tx.prepared.request_keys, &[&convs, &users, &keys]).await?;
     let mut prior = HashMap::with_capacity(rows.len());
     for r in rows {
         let (Ok(conv), Ok(user), Ok(key)) =
@@ -272,13 +268,13 @@ fn standings_to_read(jobs: &mut [BatchJob]) -> Vec<(ConvId, UserId)> {
 }
 
 /// The standings of `pairs`, by primary key.
-pub(super) async fn read_standings(tx: &Client, pairs: Vec<(ConvId, UserId)>) -> Result<Standings, StoreError> {
+pub(super) async fn read_standings(tx: Conn<'_>, pairs: Vec<(ConvId, UserId)>) -> Result<Standings, StoreError> {
     if pairs.is_empty() {
         return Ok(Standings::default());
     }
     let convs: Vec<&str> = pairs.iter().map(|(c, _)| c.as_str()).collect();
     let users: Vec<&str> = pairs.iter().map(|(_, u)| u.as_str()).collect();
-    let rows = tx.query_typed(LOAD_STANDINGS, &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY)]).await?;
+    let rows = tx.client.query(&tx.prepared.standings, &[&convs, &users]).await?;
     let mut found = HashMap::with_capacity(rows.len());
     for r in &rows {
         let (Ok(conv), Ok(user)) = (ConvId::parse(r.get(0)), UserId::parse(r.get(1))) else { continue };

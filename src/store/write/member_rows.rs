@@ -18,7 +18,7 @@ SELECT $1, u, r, s FROM unnest($2::text[], $3::int8[], $4::text[]) AS j(u, s, r)
 
 const CLOSE_PERIODS: &str = "
 WITH closed AS (
-  UPDATE membership_periods p SET to_seq = l.s
+  UPDATE membership_periods p SET to_seq = l.s, closed_at = now()
     FROM unnest($2::text[], $3::int8[]) AS l(u, s)
    WHERE p.conv_id = $1 AND p.user_id = l.u AND p.to_seq IS NULL)
 DELETE FROM members WHERE conv_id = $1 AND user_id = ANY($2)";
@@ -32,7 +32,7 @@ const SET_ALIAS: &str = "UPDATE members SET alias = $3 WHERE conv_id = $1 AND us
 /// Dismissal ends every open period at its seq; the roster rows stay (who
 /// was a member when it was dismissed), applications go.
 const CLOSE_ALL: &str = "
-WITH closed AS (UPDATE membership_periods SET to_seq = $2 WHERE conv_id = $1 AND to_seq IS NULL)
+WITH closed AS (UPDATE membership_periods SET to_seq = $2, closed_at = now() WHERE conv_id = $1 AND to_seq IS NULL)
 DELETE FROM group_applications WHERE conv_id = $1";
 
 const APPLY: &str = "

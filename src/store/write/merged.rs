@@ -14,9 +14,10 @@
 use std::sync::Arc;
 
 use super::lookup::{lock_and_read, LockMode};
+use super::prepared::Conn;
 use super::txn::WriteTx;
 use super::{append_and_commit, apply_batches, BatchJob, ConvCache, Phase, Unfinished, WrittenBatch};
-use crate::store::{Store, StoreError};
+use crate::store::{PooledClient, Store, StoreError};
 
 /// What became of one job of a merged transaction.
 #[derive(Debug)]
@@ -33,47 +34,66 @@ pub(in crate::store) enum Share {
     Unknown(Arc<StoreError>),
 }
 
+impl Share {
+    fn failure(&self) -> Option<&StoreError> {
+        match self {
+            Share::RolledBack(_, e) | Share::Unknown(e) => Some(e),
+            Share::Committed(..) | Share::Locked(_) => None,
+        }
+    }
+}
+
 impl Store {
     /// Commits the batches of several conversations (distinct `conv`s) in one
     /// transaction: one lock statement (rows in `conv_id` order, `SKIP
     /// LOCKED`), one lookup of every request key, one INSERT of every event.
     /// Each conversation's ops keep their order and their own outcomes. One
     /// share per job, in the order of `jobs`.
-    pub(in crate::store) async fn write_merged(&self, mut jobs: Vec<BatchJob>) -> Vec<Share> {
+    pub(in crate::store) async fn write_merged(&self, jobs: Vec<BatchJob>) -> Vec<Share> {
         let mut phase = Phase::start();
         let conn = match self.pool.get().await {
             Ok(conn) => conn,
             Err(e) => return rolled_back(jobs, e.into()),
         };
-        phase.end("pool");
-        let tx = WriteTx::new(&conn);
-        let mut reads = match lock_and_read(tx.client(), tx.begin(), &mut jobs, LockMode::SkipLocked).await {
-            Ok(reads) => reads,
-            Err(e) => return rolled_back(jobs, e),
-        };
-        phase.end("lock");
-        let held = std::mem::take(&mut reads.held);
-        let left_out: Vec<bool> = jobs.iter().map(|j| held.contains(&j.conv)).collect();
-        let (mut running, locked): (Vec<BatchJob>, Vec<BatchJob>) =
-            jobs.into_iter().partition(|j| !held.contains(&j.conv));
-
-        let ran = match apply_batches(tx.client(), &mut running, reads, &mut phase).await {
-            Ok(applied) => match append_and_commit(tx, applied, &mut phase).await {
-                Ok(written) => {
-                    written.into_iter().zip(running).map(|(w, job)| Share::Committed(w, job.cache)).collect()
-                }
-                Err(Unfinished::RolledBack(e)) => rolled_back(running, e),
-                Err(Unfinished::Unknown(e)) => {
-                    let e = Arc::new(e);
-                    running.iter().map(|_| Share::Unknown(e.clone())).collect()
-                }
-            },
-            // `tx` is dropped unfinished: it rolls back.
-            Err(e) => rolled_back(running, e),
-        };
-        let (mut ran, mut locked) = (ran.into_iter(), locked.into_iter().map(Share::Locked));
-        left_out.into_iter().filter_map(|out| if out { locked.next() } else { ran.next() }).collect()
+        let shares = merged_on(&conn, jobs, &mut phase).await;
+        if let Some(e) = shares.iter().find_map(Share::failure) {
+            conn.note_failure(e);
+        }
+        shares
     }
+}
+
+/// [`Store::write_merged`] on the connection it checked out.
+async fn merged_on(conn: &PooledClient, mut jobs: Vec<BatchJob>, phase: &mut Phase) -> Vec<Share> {
+    let prepared = match conn.prepared().await {
+        Ok(prepared) => prepared,
+        Err(e) => return rolled_back(jobs, e.into()),
+    };
+    phase.end("pool");
+    let tx = WriteTx::new(Conn { client: conn, prepared });
+    let mut reads = match lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::SkipLocked).await {
+        Ok(reads) => reads,
+        Err(e) => return rolled_back(jobs, e),
+    };
+    phase.end("lock");
+    let held = std::mem::take(&mut reads.held);
+    let left_out: Vec<bool> = jobs.iter().map(|j| held.contains(&j.conv)).collect();
+    let (mut running, locked): (Vec<BatchJob>, Vec<BatchJob>) = jobs.into_iter().partition(|j| !held.contains(&j.conv));
+
+    let ran = match apply_batches(tx.conn(), &mut running, reads, phase).await {
+        Ok(applied) => match append_and_commit(tx, applied, phase).await {
+            Ok(written) => written.into_iter().zip(running).map(|(w, job)| Share::Committed(w, job.cache)).collect(),
+            Err(Unfinished::RolledBack(e)) => rolled_back(running, e),
+            Err(Unfinished::Unknown(e)) => {
+                let e = Arc::new(e);
+                running.iter().map(|_| Share::Unknown(e.clone())).collect()
+            }
+        },
+        // `tx` is dropped unfinished: it rolls back.
+        Err(e) => rolled_back(running, e),
+    };
+    let (mut ran, mut locked) = (ran.into_iter(), locked.into_iter().map(Share::Locked));
+    left_out.into_iter().filter_map(|out| if out { locked.next() } else { ran.next() }).collect()
 }
 
 fn rolled_back(jobs: Vec<BatchJob>, e: StoreError) -> Vec<Share> {

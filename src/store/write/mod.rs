@@ -27,6 +27,7 @@ mod member_rows;
 mod membership;
 mod merged;
 mod ops;
+mod prepared;
 mod recall;
 mod send;
 mod txn;
@@ -35,9 +36,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use imcore_actors::{ConvId, UserId};
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::Transaction;
 
-use super::{Store, StoreError};
+use super::{PooledClient, Store, StoreError};
 use crate::domain::{DeliveryMode, Event, Rejection, Standing};
 use append::append_events;
 use batch::BatchBuilder;
@@ -48,6 +49,8 @@ pub use ops::{
     GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, RecallAck, RecallOp, SendAck, SendOp, WriteOp,
     WriteOutcome, Written,
 };
+use prepared::Conn;
+pub use prepared::Prepared;
 use txn::WriteTx;
 
 /// A committed batch: one outcome per op, and what it appended.
@@ -164,29 +167,46 @@ impl Store {
     pub(in crate::store) async fn write_job(&self, job: BatchJob) -> Result<(WrittenBatch, ConvCache), StoreError> {
         let mut phase = Phase::start();
         let conn = self.pool.get().await?;
-        phase.end("pool");
-        let tx = WriteTx::new(&conn);
-        let mut jobs = [job];
-        let reads = lock_and_read(tx.client(), tx.begin(), &mut jobs, LockMode::Wait).await?;
-        phase.end("lock");
-        let applied = apply_batches(tx.client(), &mut jobs, reads, &mut phase).await?;
-        let mut written = append_and_commit(tx, applied, &mut phase).await.map_err(Unfinished::into_error)?;
-        let [job] = jobs;
-        Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
+        let written = write_on(&conn, job, &mut phase).await;
+        if let Err(e) = &written {
+            conn.note_failure(e);
+        }
+        written
     }
 }
 
-/// Applies one conversation's `ops` inside `tx`, which the caller commits.
+/// [`Store::write_job`] on the connection it checked out.
+async fn write_on(
+    conn: &PooledClient,
+    job: BatchJob,
+    phase: &mut Phase,
+) -> Result<(WrittenBatch, ConvCache), StoreError> {
+    let prepared = conn.prepared().await?;
+    phase.end("pool");
+    let tx = WriteTx::new(Conn { client: conn, prepared });
+    let mut jobs = [job];
+    let reads = lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::Wait).await?;
+    phase.end("lock");
+    let applied = apply_batches(tx.conn(), &mut jobs, reads, phase).await?;
+    let mut written = append_and_commit(tx, applied, phase).await.map_err(Unfinished::into_error)?;
+    let [job] = jobs;
+    Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
+}
+
+/// Applies one conversation's `ops` inside `tx`, which the caller commits
+/// (`prepared` are the statements of its connection).
 pub(super) async fn apply_ops(
     tx: &Transaction<'_>,
+    prepared: &Prepared,
     conv: &ConvId,
     ops: Vec<WriteOp>,
 ) -> Result<WrittenBatch, StoreError> {
     let mut jobs = [BatchJob { conv: conv.clone(), cache: ConvCache::default(), ops }];
     let mut phase = Phase::start();
-    let reads = lock_and_read(tx.client(), std::future::ready(Ok(())), &mut jobs, LockMode::Wait).await?;
-    let mut applied = apply_batches(tx.client(), &mut jobs, reads, &mut phase).await?;
-    append_events(tx.client(), &applied.builders).await?;
+    let conn = Conn { client: tx.client(), prepared };
+    let reads = lock_and_read(conn, std::future::ready(Ok(())), &mut jobs, LockMode::Wait).await?;
+    let mut applied = apply_batches(conn, &mut jobs, reads, &mut phase).await?;
+    append_events(conn, &applied.builders).await?;
     applied.take_events();
     applied.written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
 }
@@ -233,8 +253,8 @@ async fn append_and_commit(
     mut applied: Applied,
     phase: &mut Phase,
 ) -> Result<Vec<WrittenBatch>, Unfinished> {
-    let client = tx.client();
-    let (appended, committed) = futures_util::join!(append_events(client, &applied.builders), tx.commit());
+    let conn = tx.conn();
+    let (appended, committed) = futures_util::join!(append_events(conn, &applied.builders), tx.commit());
     match appended {
         Err(StoreError::Db(e)) if e.as_db_error().is_some() => return Err(Unfinished::RolledBack(e.into())),
         Err(e) => return Err(Unfinished::Unknown(e)),
@@ -249,7 +269,7 @@ async fn append_and_commit(
 /// one answers as an unknown conversation), up to the INSERT, which the
 /// caller sends. Checks run in the order of PROTOCOL §5 `send`.
 async fn apply_batches(
-    tx: &Client,
+    tx: Conn<'_>,
     jobs: &mut [BatchJob],
     reads: Reads,
     phase: &mut Phase,
@@ -289,8 +309,8 @@ async fn apply_batches(
             };
             outcomes.push(outcome);
         }
-        write_member_changes(tx, &job.conv, &b.member_changes).await?;
-        write_conv_patch(tx, &job.conv, &b.profile).await?;
+        write_member_changes(tx.client, &job.conv, &b.member_changes).await?;
+        write_conv_patch(tx.client, &job.conv, &b.profile).await?;
         cache.member_version = Some(row.member_version + b.version_bump());
         let appended = Appended {
             conv_id: job.conv.clone(),

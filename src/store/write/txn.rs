@@ -6,30 +6,32 @@
 //! cannot send COMMIT behind a statement still in flight.
 
 use futures_util::FutureExt;
-use tokio_postgres::{Client, Error};
+use tokio_postgres::Error;
+
+use super::prepared::Conn;
 
 /// An open transaction on `client`; rolled back when dropped uncommitted
 /// (an early return, a cancelled caller), like `tokio_postgres::Transaction`.
 pub(super) struct WriteTx<'c> {
-    client: &'c Client,
+    conn: Conn<'c>,
     /// Neither COMMIT nor ROLLBACK has been sent.
     open: bool,
 }
 
 impl<'c> WriteTx<'c> {
-    pub(super) fn new(client: &'c Client) -> Self {
-        Self { client, open: true }
+    pub(super) fn new(conn: Conn<'c>) -> Self {
+        Self { conn, open: true }
     }
 
     /// The connection, for the statements of the transaction.
-    pub(super) fn client(&self) -> &'c Client {
-        self.client
+    pub(super) fn conn(&self) -> Conn<'c> {
+        self.conn
     }
 
     /// BEGIN: polled first in a `join!`, the statements polled after it go
     /// out behind it, in the same round trip.
     pub(super) async fn begin(&self) -> Result<(), Error> {
-        self.client.batch_execute("BEGIN").await
+        self.conn.client.batch_execute("BEGIN").await
     }
 
     /// COMMIT, polled after the transaction's last statement so that it goes
@@ -37,7 +39,7 @@ impl<'c> WriteTx<'c> {
     /// and the server answers COMMIT by rolling back.
     pub(super) async fn commit(mut self) -> Result<(), Error> {
         self.open = false;
-        self.client.batch_execute("COMMIT").await
+        self.conn.client.batch_execute("COMMIT").await
     }
 }
 
@@ -46,7 +48,7 @@ impl Drop for WriteTx<'_> {
         if self.open {
             // One poll sends ROLLBACK ahead of whatever the connection's next
             // user sends; its reply is not awaited.
-            let _ = self.client.batch_execute("ROLLBACK").now_or_never();
+            let _ = self.conn.client.batch_execute("ROLLBACK").now_or_never();
         }
     }
 }

@@ -11,9 +11,11 @@
 //!
 //! Scenarios (`--scenarios`): `hot` (§1 hot group, `actor` then `direct`, plus
 //! §4 latency at half the measured maximum), `fanout` (§2), `connections` (§3),
-//! and, only when named, `groups` (large groups: invite, send, members, RSS).
+//! and, only when named, `groups` (large groups: invite, send, members, RSS)
+//! and `latency` (the floor: one send in flight per sender, C =
+//! `--latency-senders`, every sender a member getting the others' pushes).
 //! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`,
-//! `groups.json`.
+//! `groups.json`, `ws-latency.json`.
 //! A run that did not verify makes the command fail (see `verdict`).
 
 mod conns;
@@ -57,6 +59,9 @@ pub struct Args {
     /// Hot group: sender connections per run.
     #[arg(long, value_delimiter = ',', default_value = "8,64,256,1024")]
     senders: Vec<usize>,
+    /// Latency: sender connections of each run (one send in flight each).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,8")]
+    latency_senders: Vec<usize>,
     /// Hot group: sends in flight per sender connection.
     #[arg(long, default_value_t = 4)]
     window: usize,
@@ -169,6 +174,9 @@ async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     if want("groups") {
         failed.extend(groups::run(ctx).await?);
     }
+    if want("latency") {
+        failed.extend(latency(ctx).await?);
+    }
     Ok(failed)
 }
 
@@ -270,6 +278,48 @@ async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     eprintln!("actor/direct: {}", Value::Array(ratios.clone()));
     let extra = json!({"ratios": ratios, "profile": profile, "delivery_rule": hot::DELIVERY_RULE});
     write_evidence(ctx, "ws-hot-group.json", runs, extra)
+}
+
+/// The latency floor: closed loop, one send in flight per sender, push mode,
+/// no other receivers; each write path on its own server and database.
+async fn latency(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
+    let a = &ctx.args;
+    let max_c = a.latency_senders.iter().copied().max().unwrap_or(1);
+    let mut runs: Vec<Value> = vec![];
+    for path in &a.write_paths {
+        let path = path.as_str();
+        let (server, db, db_name) = start_server(ctx, &format!("latency_{path}"), path).await?;
+        let result = async {
+            let setup = hot::setup(&server, max_c, 0).await?;
+            let mut runs = vec![];
+            for &c in &a.latency_senders {
+                let p = hot::Params {
+                    scenario: "latency",
+                    write_path: path,
+                    senders: c,
+                    window: 1,
+                    receivers: 0,
+                    seconds: a.seconds,
+                    messages: a.messages,
+                    rate: None,
+                    source_addrs: a.source_addrs,
+                    delivery_mode: "push",
+                };
+                runs.push(hot::run(&server, &ctx.pg, &db, &setup, &p).await?);
+            }
+            Ok::<_, BoxError>(runs)
+        }
+        .await;
+        stop_server(ctx, server, db, &db_name).await;
+        runs.append(&mut result?);
+    }
+    let commit_ms = ctx.pg.commit_probe(200).await?;
+    write_evidence(
+        ctx,
+        "ws-latency.json",
+        runs,
+        json!({"profile": {"commit_ms": (commit_ms * 1000.0).round() / 1000.0}}),
+    )
 }
 
 async fn fan_out(ctx: &Ctx) -> Result<Vec<String>, BoxError> {

@@ -1,0 +1,133 @@
+//! What changed for a user since a token (PROTOCOL §7 `conversations?since=`):
+//! a device back after a while pays for the conversations that changed, not
+//! for all of them.
+//!
+//! A change is stamped with the start time of the transaction that made it
+//! (`now()`): `conversations.last_event_at` for every new event (membership
+//! and profile changes append events too), `read_cursors.changed_at` for a
+//! read cursor, `membership_periods.closed_at` for a period that ended.
+//!
+//! The token is the start of the oldest transaction running when it was
+//! taken (`pg_stat_activity`), in ms rounded down, read before the snapshot
+//! of the data it goes with. A transaction that had not committed by that
+//! snapshot was running when the token was taken, or started later: either
+//! way its stamps are at or after the token, and the next delta, which asks
+//! for stamps at or after it, includes it. So nothing is missed; a change
+//! may be reported twice, which costs a client nothing.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use imcore_actors::{ConvId, UserId};
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use super::inbox::{inbox_item, inbox_items_sql, InboxItem, INBOX_MAX_LIMIT};
+use super::{Store, StoreError};
+use std::sync::LazyLock;
+
+/// Beyond this age a token answers `reset`: a full paging then costs less
+/// than the delta would.
+pub const SINCE_MAX_AGE: TimeDelta = TimeDelta::days(30);
+
+/// How far ahead of this node's clock a token may be (another node's clock).
+const SINCE_MAX_SKEW: TimeDelta = TimeDelta::minutes(1);
+
+/// Most changed (or left) conversations one delta lists; more answer `reset`.
+pub const SINCE_MAX_CHANGED: i64 = INBOX_MAX_LIMIT;
+
+const SINCE_NOW: &str = "
+SELECT date_trunc('milliseconds', least(now(), (SELECT min(xact_start) FROM pg_stat_activity
+                                                WHERE datname = current_database() AND state <> 'idle')))";
+
+/// $1 user, $2 token time, $3 rows to fetch: the user's current
+/// conversations with a new event or a moved read cursor since $2.
+static CHANGED: LazyLock<String> = LazyLock::new(|| {
+    inbox_items_sql(
+        "
+  SELECT m.conv_id, p.from_seq
+    FROM members m
+    JOIN membership_periods p ON p.conv_id = m.conv_id AND p.user_id = m.user_id AND p.to_seq IS NULL
+    JOIN conversations c ON c.conv_id = m.conv_id
+    LEFT JOIN read_cursors rc ON rc.user_id = m.user_id AND rc.conv_id = m.conv_id
+   WHERE m.user_id = $1 AND (c.last_event_at >= $2 OR rc.changed_at >= $2)
+   ORDER BY c.last_event_at DESC, c.conv_id
+   LIMIT $3",
+    )
+});
+
+/// $1 user, $2 token time, $3 rows to fetch: conversations whose period of
+/// the user ended since $2 and that the user is not back in.
+const LEFT: &str = "
+SELECT DISTINCT p.conv_id FROM membership_periods p
+ WHERE p.user_id = $1 AND p.closed_at >= $2
+   AND NOT EXISTS (SELECT 1 FROM membership_periods o
+                    WHERE o.conv_id = p.conv_id AND o.user_id = $1 AND o.to_seq IS NULL)
+ LIMIT $3";
+
+/// The answer to `conversations?since=`.
+#[derive(Debug, Clone)]
+pub enum InboxDelta {
+    Changed {
+        /// Changed current conversations, as inbox items, most recent first.
+        items: Vec<InboxItem>,
+        /// Conversations the user left, was removed from, or that were dismissed.
+        left: Vec<ConvId>,
+        /// The token to keep for the next delta.
+        since: String,
+    },
+    /// An unknown, too old or too fruitful token: page the whole inbox again.
+    Reset,
+}
+
+impl Store {
+    /// What changed for `user` since `token` (any string: one that is not a
+    /// token of ours answers [`InboxDelta::Reset`]).
+    pub async fn inbox_since(&self, user: &UserId, token: &str) -> Result<InboxDelta, StoreError> {
+        let age = |at: &DateTime<Utc>| Utc::now() - *at;
+        let Some(at) = decode_token(token).filter(|at| (-SINCE_MAX_SKEW..=SINCE_MAX_AGE).contains(&age(at))) else {
+            return Ok(InboxDelta::Reset);
+        };
+        let fetch = SINCE_MAX_CHANGED + 1;
+        let conn = self.pool.get().await?;
+        let user = user.as_str();
+        let params = [(&user as _, Type::TEXT), (&at as _, Type::TIMESTAMPTZ), (&fetch as _, Type::INT8)];
+        // The new token first: its statement runs before the snapshots of the others.
+        let (since, changed, left) = futures_util::join!(
+            since_token(&conn),
+            conn.query_typed(&CHANGED, &params),
+            conn.query_typed(LEFT, &params)
+        );
+        let (since, changed, left) = (since?, changed?, left?);
+        if changed.len() as i64 > SINCE_MAX_CHANGED || left.len() as i64 > SINCE_MAX_CHANGED {
+            return Ok(InboxDelta::Reset);
+        }
+        Ok(InboxDelta::Changed {
+            items: changed.iter().map(|r| inbox_item(r).0).collect(),
+            left: left.iter().filter_map(|r| ConvId::parse(r.get(0)).ok()).collect(),
+            since,
+        })
+    }
+}
+
+/// A new token (module docs). Poll it before the statements it goes with.
+pub(super) async fn since_token(c: &Client) -> Result<String, StoreError> {
+    let at: DateTime<Utc> = c.query_typed_one(SINCE_NOW, &[]).await?.get(0);
+    Ok(hex::encode(at.timestamp_millis().to_string()))
+}
+
+fn decode_token(token: &str) -> Option<DateTime<Utc>> {
+    let millis: i64 = String::from_utf8(hex::decode(token).ok()?).ok()?.parse().ok()?;
+    DateTime::from_timestamp_millis(millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_decodes_to_its_time_and_anything_else_to_nothing() {
+        assert_eq!(decode_token(&hex::encode("1790000000123")).map(|t| t.timestamp_millis()), Some(1_790_000_000_123));
+        for bad in ["", "zz", &hex::encode("x1"), &hex::encode("99999999999999999999")] {
+            assert_eq!(decode_token(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The write transaction's hot statements, prepared once per pooled
+//! connection (`store::connection`): the lock, the request-key and standing
+//! lookups and the append run with no parse or plan of their own.
+
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Error, Statement};
+
+use super::append::APPEND_EVENTS;
+use super::lookup::{
+    EXISTING_CONVERSATIONS, LOAD_STANDINGS, LOCK_CONVERSATIONS, LOCK_CONVERSATIONS_SKIP_LOCKED, LOOKUP_REQUEST_KEYS,
+};
+
+pub struct Prepared {
+    pub(super) lock: Statement,
+    pub(super) lock_skip_locked: Statement,
+    pub(super) existing: Statement,
+    pub(super) request_keys: Statement,
+    pub(super) standings: Statement,
+    pub(super) append: Statement,
+}
+
+impl Prepared {
+    /// Prepares every statement in one round trip (the requests of futures
+    /// polled together are pipelined).
+    pub(in crate::store) async fn prepare(client: &Client) -> Result<Self, Error> {
+        use Type as T;
+        let texts = [T::TEXT_ARRAY, T::TEXT_ARRAY, T::TEXT_ARRAY];
+        let append = [
+            T::TEXT_ARRAY,
+            T::INT8_ARRAY,
+            T::TEXT_ARRAY,
+            T::UUID_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::BYTEA_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::INT8_ARRAY,
+            T::BOOL_ARRAY,
+            T::TIMESTAMPTZ,
+            T::TEXT_ARRAY,
+            T::INT8_ARRAY,
+            T::INT8_ARRAY,
+            T::INT4_ARRAY,
+            T::TEXT_ARRAY,
+            T::INT8_ARRAY,
+        ];
+        let (lock, lock_skip_locked, existing, request_keys, standings, append) = futures_util::try_join!(
+            client.prepare_typed(LOCK_CONVERSATIONS, &texts[..1]),
+            client.prepare_typed(LOCK_CONVERSATIONS_SKIP_LOCKED, &texts[..1]),
+            client.prepare_typed(EXISTING_CONVERSATIONS, &texts[..1]),
+            client.prepare_typed(LOOKUP_REQUEST_KEYS, &texts),
+            client.prepare_typed(LOAD_STANDINGS, &texts[..2]),
+            client.prepare_typed(APPEND_EVENTS, &append),
+        )?;
+        Ok(Self { lock, lock_skip_locked, existing, request_keys, standings, append })
+    }
+}
+
+/// The connection a write transaction runs on, with its prepared statements.
+#[derive(Clone, Copy)]
+pub(super) struct Conn<'a> {
+    pub(super) client: &'a Client,
+    pub(super) prepared: &'a Prepared,
+}
