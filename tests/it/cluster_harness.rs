@@ -235,6 +235,9 @@ async fn relay(node: TcpStream, nats: TcpStream, swallow: Arc<AtomicBool>, mut c
 
 /// `n` nodes on 127.0.0.1 … 127.0.0.n, one NATS server, one database.
 pub struct Cluster {
+    /// Three servers and NATS keep both cores busy: no latency-bound or
+    /// browser test runs beside a cluster.
+    _cpu: tokio::sync::MutexGuard<'static, ()>,
     /// The nodes' database, for the test's life.
     _db: TestDb,
     pub nats: Nats,
@@ -249,6 +252,7 @@ impl Cluster {
 
     /// Node `relayed` (if any) reaches NATS through a [`Relay`].
     pub async fn start_relayed(n: u8, relayed: Option<usize>) -> (Self, Option<Relay>) {
+        let cpu = crate::harness::alone_with_the_cpu().await;
         let db = TestDb::with_pool(2).await;
         let nats = Nats::start().await;
         let relay = match relayed {
@@ -264,7 +268,7 @@ impl Cluster {
             };
             nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir).await);
         }
-        (Self { _db: db, nats, nodes, data_dir }, relay)
+        (Self { _cpu: cpu, _db: db, nats, nodes, data_dir }, relay)
     }
 
     /// An admin call, through the first node (on 127.0.0.1).
