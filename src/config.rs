@@ -67,6 +67,11 @@ pub struct Config {
     #[arg(long, env = "IMCORE_WORKERS", default_value_t = 0)]
     pub workers: usize,
 
+    /// NATS server joining this node to others on the same PostgreSQL
+    /// (ARCHITECTURE §7). Unset: a single node, no bus.
+    #[arg(long, env = "IMCORE_NATS_URL")]
+    pub nats_url: Option<String>,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "IMCORE_LOG", default_value = "info")]
     pub log: String,
@@ -100,6 +105,7 @@ impl Config {
             limits: LimitSettings::default(),
             retention: RetentionSettings::default(),
             workers: 0,
+            nats_url: None,
             log: "warn".into(),
             sync_max_bytes: SYNC_DEFAULT_MAX_BYTES,
         }

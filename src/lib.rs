@@ -21,6 +21,9 @@
 //! * [`delivery`] — fan-out after commit through the route registry: frames
 //!   encoded once, bounded per-connection mailboxes, a slow device is closed;
 //!   recipients from what each lane keeps about its online users.
+//! * [`cluster`] — several nodes on one PostgreSQL: the NATS bus that carries
+//!   committed batches and route claims between them (optional; a single
+//!   node runs without it).
 //! * [`budget`] — the global memory budget in bytes for queued message bodies
 //!   and queued push frames; beyond it `OVERLOADED` or a 1013 close.
 //! * [`protocol`] — wire shapes (events, conversations, pushes) and error codes.
@@ -72,6 +75,11 @@
 //!                                  receiver's session its push
 //! ```
 //!
+//! On a node of a cluster, hop 4 also hands the batch to the `bus` thread
+//! (`try_send`), which encodes it and publishes it to NATS; the other nodes'
+//! batches come from that thread straight to hop 5 (through the reorder
+//! stage, as this node's own do then).
+//!
 //! Nothing on an arbiter blocks: the gateway and the actors only `try_send`
 //! or await; fan-out (encoding, one push per device) is on the lanes, and a
 //! full lane or mailbox drops rather than waits (its users resync). The exceptions are bounded
@@ -93,6 +101,7 @@ pub mod architecture {}
 pub mod admin;
 pub mod budget;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod delivery;
 pub mod domain;

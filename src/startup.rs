@@ -15,6 +15,7 @@ use actix_web::{web, App, HttpServer};
 use rand::RngCore;
 use tokio::sync::Notify;
 
+use crate::cluster::{Bus, BusError};
 use crate::config::{admin_token_path, Config, RetentionSettings, SHUTDOWN_GRACE};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
@@ -29,6 +30,8 @@ pub enum StartupError {
     Store(#[from] StoreError),
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
+    #[error("cluster bus: {0}")]
+    Bus(#[from] BusError),
 }
 
 pub struct Application {
@@ -61,6 +64,9 @@ impl Application {
             .map_err(|e| StartupError::Io("set TCP_USER_TIMEOUT", e))?;
         let port = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?.port();
         let Engine { writer, delivery } = Engine::start(store.clone(), &config.engine);
+        if let Some(url) = &config.nats_url {
+            Bus::join(url, &delivery).await?;
+        }
         let workers = config.workers;
         let state = web::Data::new(AppState::new(store, writer, delivery, admin_token, Arc::new(config)));
         let app_state = state.clone();

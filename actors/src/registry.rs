@@ -51,16 +51,24 @@ use crate::ids::{DeviceId, UserId};
 
 /// Identifies one connection for the life of the process.
 ///
-/// Allocated by [`RouteRegistry::next_conn_id`] from one process-wide counter,
-/// so ids are unique across all registries and strictly increasing in
+/// Allocated by [`RouteRegistry::next_conn_id`] from one process-wide counter
+/// (or, with several nodes, by [`ConnId::from_cluster_sequence`] from one
+/// cluster-wide sequence), so ids are unique and strictly increasing in
 /// allocation order: a connection accepted later has a higher id. The registry
 /// relies on that order to tell a reconnect (higher id) from a stale
-/// registration arriving late (lower id). There is deliberately no public
-/// constructor from a raw number, so that order cannot be forged.
+/// registration arriving late (lower id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(u64);
 
 impl ConnId {
+    /// An id drawn from a source every node of a cluster shares (one
+    /// PostgreSQL sequence), so that "newer" means the same on every node. A
+    /// process takes all its ids from that source or all from
+    /// [`RouteRegistry::next_conn_id`], never from both.
+    pub fn from_cluster_sequence(n: u64) -> Self {
+        ConnId(n)
+    }
+
     /// The raw number, for logs and metrics.
     pub fn get(self) -> u64 {
         self.0

@@ -19,7 +19,9 @@ use crate::store::{Appended, Membership};
 
 /// A committed batch, shared by the lanes.
 pub(super) struct Job {
-    pub(super) appended: Appended,
+    /// Shared with the bus, which encodes it for the other nodes on a thread
+    /// of its own (ARCHITECTURE §7).
+    pub(super) appended: Arc<Appended>,
     /// Every event as JSON, encoded once by whichever lane needs it first.
     encoded: OnceLock<Vec<String>>,
     /// Dropped with the job, once every lane has pushed it (or dropped it):
@@ -29,13 +31,13 @@ pub(super) struct Job {
 
 impl Job {
     pub(super) fn new(appended: Appended) -> Self {
-        Self { appended, encoded: OnceLock::new(), _pushed: None }
+        Self { appended: Arc::new(appended), encoded: OnceLock::new(), _pushed: None }
     }
 
     /// A job whose receiver resolves once every lane is done with it.
     pub(super) fn announced(appended: Appended) -> (Self, oneshot::Receiver<()>) {
         let (pushed, done) = oneshot::channel();
-        (Self { appended, encoded: OnceLock::new(), _pushed: Some(pushed) }, done)
+        (Self { appended: Arc::new(appended), encoded: OnceLock::new(), _pushed: Some(pushed) }, done)
     }
 
     fn batch(&self) -> Batch<'_> {
@@ -88,6 +90,9 @@ pub(super) enum LaneInput {
         user: UserId,
         conn: ConnId,
     },
+    /// The lane may have missed batches it cannot name (the bus between nodes
+    /// lost messages): every user it serves resyncs.
+    ResyncAll,
 }
 
 /// What a user whose snapshot is loading saw meanwhile.
@@ -159,6 +164,11 @@ impl Lane {
                 }
             }
             LaneInput::Unsubscribe { user, conn } => self.presence.unsubscribe(&user, conn),
+            LaneInput::ResyncAll => {
+                for user in self.presence.clear() {
+                    self.close(&user);
+                }
+            }
         }
     }
 

@@ -14,16 +14,24 @@
 //! * `conn` — a connection: its pushes, its close on overflow.
 //! * `presence` — a lane's online users and their memberships (pure).
 //! * `lane` — a lane's thread: batches and subscriptions in, pushes out.
+//! * `order` — with several nodes, one conversation's batches back in seq
+//!   order before the lanes.
+//!
+//! With several nodes ([`Peers`], ARCHITECTURE §7), a batch committed here
+//! also goes to the other nodes, and theirs come in through
+//! [`Delivery::from_peer`] to the same lanes.
 
 mod conn;
 mod lane;
+mod order;
 mod presence;
 
 use std::future::Future;
 use std::mem;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
+use std::time::Instant;
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -36,6 +44,8 @@ use crate::metrics::metrics;
 use crate::store::{Appended, Membership};
 pub use conn::{Conn, KickReason, Push, Routes};
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
+pub use order::REORDER_WAIT;
+use order::{Admitted, Reorder};
 
 /// Fan-out runs on a few delivery threads ("lanes", `DeliverySettings::lanes`),
 /// never on a conversation actor's thread, so encoding and pushing a batch
@@ -53,6 +63,23 @@ pub struct Delivery {
     /// chat's, a group's chosen id): their batches wait here until the
     /// creation's own events are on the lanes. See [`Delivery::hold_creation`].
     held: DashMap<ConvId, Held>,
+    /// The other nodes, once this one joined a cluster; unset on a single
+    /// node, which then pays one load of this cell per batch.
+    peers: OnceLock<Arc<dyn Peers>>,
+    /// With peers: batches of one conversation from here and from the bus,
+    /// back in seq order.
+    reorder: Reorder,
+}
+
+/// The other nodes of a cluster, as delivery sees them (ARCHITECTURE §7).
+/// Neither call waits.
+pub trait Peers: Send + Sync {
+    /// A batch committed on this node, for the devices on the others. Called
+    /// in the order the batches go to this node's lanes.
+    fn batch(&self, appended: Arc<Appended>);
+    /// Connection `conn` (a cluster-wide id) is now the route of `user`'s
+    /// `device` here: a node holding an older connection of it kicks that one.
+    fn claim(&self, user: &UserId, device: &DeviceId, conn: ConnId);
 }
 
 struct LaneHandle {
@@ -93,7 +120,56 @@ impl Delivery {
             })
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_else(|e| panic!("cannot start delivery threads: {e}"));
-        Self { routes, lanes, backlog: settings.backlog, held: DashMap::new() }
+        Self {
+            routes,
+            lanes,
+            backlog: settings.backlog,
+            held: DashMap::new(),
+            peers: OnceLock::new(),
+            reorder: Reorder::new(Instant::now()),
+        }
+    }
+
+    /// Joins a cluster: from now on this node's batches and routes go to
+    /// `peers` too. Once per process; a second call is ignored.
+    pub fn join(&self, peers: Arc<dyn Peers>) {
+        let _ = self.peers.set(peers);
+    }
+
+    /// Whether this node is one of several (connection ids then come from the
+    /// cluster-wide sequence).
+    pub fn clustered(&self) -> bool {
+        self.peers.get().is_some()
+    }
+
+    /// Tells the other nodes that `conn` routes `user`'s `device` here.
+    pub fn claim(&self, user: &UserId, device: &DeviceId, conn: ConnId) {
+        if let Some(peers) = self.peers.get() {
+            peers.claim(user, device, conn);
+        }
+    }
+
+    /// A batch another node committed: to the lanes like one of ours.
+    pub fn from_peer(&self, appended: Appended) {
+        if !appended.events.is_empty() {
+            self.admit(Arc::new(Job::new(appended)));
+        }
+    }
+
+    /// Lets go of batches that waited too long for their predecessors (see
+    /// [`REORDER_WAIT`]); the bus calls it periodically.
+    pub fn expire_reordered(&self) {
+        self.reorder.expire(Instant::now(), |a| self.admitted(a));
+    }
+
+    /// Batches from other nodes may have been lost without trace (the bus
+    /// was disconnected or dropped messages): every user online here resyncs
+    /// (its connections close with 1013; the clients reconnect and sync).
+    pub fn resync_all(&self) {
+        metrics().kicks.with_label_values(&["bus_lost"]).inc();
+        for lane in &self.lanes {
+            let _ = lane.input.send(LaneInput::ResyncAll);
+        }
     }
 
     pub fn routes(&self) -> &Arc<Routes> {
@@ -155,6 +231,33 @@ impl Delivery {
         CreationHold { delivery: self.clone(), conv }
     }
 
+    /// A batch committed on this node: to the other nodes, then to the lanes.
+    fn dispatch(&self, job: Arc<Job>) {
+        let Some(peers) = self.peers.get() else {
+            return self.to_lanes(job);
+        };
+        peers.batch(job.appended.clone());
+        self.admit(job);
+    }
+
+    /// With peers, batches reach the lanes through the reorder stage.
+    fn admit(&self, job: Arc<Job>) {
+        self.reorder.admit(job, Instant::now(), |a| self.admitted(a));
+    }
+
+    fn admitted(&self, admitted: Admitted) {
+        match admitted {
+            Admitted::InOrder(job) => self.to_lanes(job),
+            Admitted::Late(job) => {
+                metrics().kicks.with_label_values(&["delivery_late"]).inc();
+                let missed = Arc::new(Missed::of(&job));
+                for lane in &self.lanes {
+                    let _ = lane.input.send(LaneInput::Missed(missed.clone()));
+                }
+            }
+        }
+    }
+
     /// Hands `job` to every lane, in order; never waits. A lane `backlog`
     /// jobs behind gets a [`Missed`] notice instead (counted).
     fn to_lanes(&self, job: Arc<Job>) {
@@ -182,7 +285,7 @@ impl Delivery {
             None => (None, None),
         };
         let Some(conv) = conv else {
-            creation.into_iter().for_each(|job| self.to_lanes(job));
+            creation.into_iter().for_each(|job| self.dispatch(job));
             return pushed;
         };
         let Entry::Occupied(mut entry) = self.held.entry(conv.clone()) else {
@@ -198,7 +301,7 @@ impl Delivery {
             // Under the entry's lock: a batch delivered meanwhile waits for
             // `remove`, then goes to the lanes behind these.
             for job in mem::take(&mut held.jobs) {
-                self.to_lanes(job);
+                self.dispatch(job);
             }
             entry.remove();
         }
@@ -218,7 +321,7 @@ impl Fanout<Appended> for Delivery {
             held.jobs.push(job);
             return;
         }
-        self.to_lanes(job);
+        self.dispatch(job);
     }
 }
 

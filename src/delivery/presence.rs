@@ -254,6 +254,15 @@ impl<B: Clone> Presence<B> {
         true
     }
 
+    /// Drops every user's state; returns the users (their connections are
+    /// being closed).
+    pub fn clear(&mut self) -> Vec<UserId> {
+        self.loading.clear();
+        self.trackers.clear();
+        self.periods = 0;
+        self.users.drain().map(|(user, _)| user).collect()
+    }
+
     /// Drops `user`'s state (its connections are being closed).
     pub fn remove(&mut self, user: &UserId) {
         let Some(gone) = self.users.remove(user) else { return };
@@ -442,6 +451,20 @@ mod tests {
         assert_eq!(p.load(&user("bob"), b, vec![membership(Some(1), 1)]), Loaded::Ignored);
         assert_eq!(p.size(), (0, 0));
         assert!(p.trackers.is_empty() && p.loading.is_empty());
+    }
+
+    #[test]
+    fn clearing_drops_every_user_loading_or_live_and_names_them() {
+        let [a, b] = conns(2)[..] else { unreachable!() };
+        let mut p = Presence::<u32>::new(8);
+        online(&mut p, "ann", a, vec![membership(Some(1), 1)]);
+        p.subscribe(&user("bob"), b);
+        let mut cleared = p.clear();
+        cleared.sort();
+        assert_eq!(cleared, [user("ann"), user("bob")]);
+        assert_eq!(p.size(), (0, 0));
+        assert!(p.trackers.is_empty() && p.loading.is_empty());
+        assert_eq!(apply(&mut p, &[msg(2)]), []);
     }
 
     #[test]

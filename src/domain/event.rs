@@ -2,9 +2,11 @@
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-#[derive(Debug, Clone, PartialEq)]
+/// Serde: how committed batches cross the bus between nodes (ARCHITECTURE §7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub conv_id: ConvId,
     pub seq: i64,
@@ -12,7 +14,7 @@ pub struct Event {
     pub kind: EventKind,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum EventKind {
     Msg {
         message_id: Uuid,
@@ -44,7 +46,7 @@ pub enum EventKind {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeaveReason {
     Left,
     Kicked,

@@ -18,7 +18,7 @@ pub enum Role {
 }
 
 /// `push`: events are pushed to members' devices; `pull` (huge groups): a coalesced `head`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DeliveryMode {
     Push,
     Pull,

@@ -18,8 +18,9 @@
 //!   worker thread, and other clients keep finding both.
 //! * Routing (P7): the connection id is allocated at accept, the route is
 //!   registered when the actor starts (a replaced connection is kicked, a stale
-//!   registration closes this one) and removed by compare-and-remove when it
-//!   stops.
+//!   registration closes this one; the other nodes of a cluster are told, and
+//!   kick an older connection of the device) and removed by compare-and-remove
+//!   when it stops.
 //! * Outbound: pushes arrive as [`Push`] in the actor's mailbox, bounded at
 //!   `ws.mailbox` (`IMCORE_WS_MAILBOX`); `Conn::send` uses `try_send`, and an overflow closes
 //!   the connection with 1013 (the client reconnects and syncs). Between the
@@ -60,8 +61,13 @@ pub async fn upgrade(
     stream: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    // Allocated at accept, before authentication: the id order is the connection order (P7).
-    let conn_id = state.delivery.routes().next_conn_id();
+    // Allocated at accept, before authentication: the id order is the connection
+    // order (P7); with several nodes, the order of the whole cluster's connections.
+    let conn_id = if state.delivery.clustered() {
+        ConnId::from_cluster_sequence(state.store.next_cluster_conn_id().await.map_err(ApiError::from)?)
+    } else {
+        state.delivery.routes().next_conn_id()
+    };
     let token = auth::bearer_or_query(&req);
     let owner = auth::device(&state, token.as_deref()).await?;
     if state.shutting_down() {
@@ -133,11 +139,12 @@ impl Actor for WsSession {
                 self.conn_id,
             ),
         ) {
-            Registered::New => {}
+            Registered::New => self.state.delivery.claim(&self.owner.user_id, &self.owner.device_id, self.conn_id),
             Registered::Replaced(prev) => {
                 if prev.conn_id != self.conn_id {
                     prev.recipient.push.do_send(Push::Kick(KickReason::Replaced));
                 }
+                self.state.delivery.claim(&self.owner.user_id, &self.owner.device_id, self.conn_id);
             }
             Registered::Stale { .. } => {
                 self.kick(KickReason::Replaced, ctx);

@@ -1,6 +1,7 @@
 //! What delivery needs when a user comes online (ARCHITECTURE §5): the user's
 //! memberships and the heads they reflect, read in one statement so they are
-//! one MVCC snapshot.
+//! one MVCC snapshot; and, with several nodes, the connection's cluster-wide
+//! id (ARCHITECTURE §7).
 
 use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
@@ -28,6 +29,16 @@ pub struct Membership {
 }
 
 impl Store {
+    /// The next connection id of the cluster (sequence `conn_ids`): every
+    /// node draws from it, so a later connection of a device has a higher id
+    /// wherever it lands (P7 across nodes).
+    pub async fn next_cluster_conn_id(&self) -> Result<u64, StoreError> {
+        let c = self.pool.get().await?;
+        let n: i64 = c.query_typed_one("SELECT nextval('conn_ids')", &[]).await?.get(0);
+        // A sequence starts at 1 and never goes below it.
+        Ok(n.unsigned_abs())
+    }
+
     /// `user`'s memberships (one statement, one snapshot).
     pub async fn memberships_of(&self, user: &UserId) -> Result<Vec<Membership>, StoreError> {
         let c = self.pool.get().await?;

@@ -151,9 +151,9 @@ impl TestDb {
 }
 
 /// Taken by the tests whose verdict is a latency bound and by the tests that
-/// keep both cores busy for long (a 100,000-member group, the browser tests), so that the
-/// harness never runs one beside the other: a bound measured next to a CPU
-/// hog in the same process would measure the hog.
+/// keep both cores busy for long (a 100,000-member group, the browser tests, a
+/// three-node cluster), so that the harness never runs one beside the other:
+/// a bound measured next to a CPU hog in the same process would measure the hog.
 static TIMING_SENSITIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub async fn alone_with_the_cpu() -> tokio::sync::MutexGuard<'static, ()> {

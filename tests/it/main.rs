@@ -4,6 +4,8 @@
 mod actor_flood;
 mod actor_path;
 mod admin_commands;
+mod cluster;
+mod cluster_harness;
 mod commit_isolation;
 mod commit_stall;
 mod db_outage;

@@ -60,8 +60,9 @@ pub struct WrittenBatch {
     pub appended: Appended,
 }
 
-/// What a committed batch appended, for delivery.
-#[derive(Debug)]
+/// What a committed batch appended, for delivery (on this node, and through
+/// the bus on the others).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Appended {
     pub conv_id: ConvId,
     /// Ascending seq.

@@ -1,0 +1,16 @@
+//! Several imcore nodes on one PostgreSQL (ARCHITECTURE §7). PostgreSQL keeps
+//! every write correct on its own (row locks, unique keys); what the nodes
+//! exchange goes over NATS, and only when `IMCORE_NATS_URL` is set: a single
+//! node runs no bus at all.
+//!
+//! * `bus` — the NATS connection: this node's committed batches and route
+//!   claims out, the other nodes' in; a bus that may have lost messages makes
+//!   every device here resync.
+//! * `routing` — what a route claim from another node does here (P7 across
+//!   nodes: the connection with the highest cluster-wide id keeps the route).
+
+mod bus;
+mod routing;
+
+pub use bus::{Bus, BusError, NodeId};
+pub use routing::{settle, Settled};

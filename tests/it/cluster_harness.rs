@@ -1,0 +1,301 @@
+//! Several nodes for the cluster tests (ARCHITECTURE §7): a `nats-server`
+//! started from the installed binary, and the `imcore` binary itself as child
+//! processes on 127.0.0.x with port 0, all on one test database — so a node
+//! can be killed with SIGKILL like a crashed machine. A missing `nats-server`
+//! fails the test with how to install it; nothing is skipped.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use crate::harness::TestDb;
+use crate::server::{http_raw, Ws, ADMIN};
+
+/// Starting a node or NATS takes well under this.
+const START: Duration = Duration::from_secs(30);
+
+/// Where Debian's `nats-server` package puts the binary, then `PATH`.
+fn nats_binary() -> PathBuf {
+    let installed = ["/usr/sbin/nats-server", "/usr/bin/nats-server"].into_iter().map(PathBuf::from);
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("nats-server")).collect::<Vec<_>>())
+        .unwrap_or_default();
+    installed.chain(on_path).find(|p| p.is_file()).unwrap_or_else(|| {
+        panic!("nats-server is not installed: the cluster tests need it (Debian: apt-get install nats-server; .ci/run does)")
+    })
+}
+
+/// Reads `out` line by line until `find` picks a value out of one, then keeps
+/// draining it in the background (a full pipe would stall the process).
+async fn watch_output<R, T>(out: R, what: &str, find: impl Fn(&str) -> Option<T>) -> T
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    let mut lines = BufReader::new(out).lines();
+    let found = tokio::time::timeout(START, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(v) = find(&strip_ansi(&line)) {
+                return v;
+            }
+        }
+        panic!("{what} ended before it was ready");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} not ready within {START:?}"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    found
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ … final byte in @..~
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) && c != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A `nats-server` of this test's own.
+pub struct Nats {
+    child: Child,
+    pub port: u16,
+}
+
+impl Nats {
+    /// On a free port of its choosing.
+    pub async fn start() -> Self {
+        Self::on_port(None).await
+    }
+
+    /// On `port` (a restart keeps the port the nodes reconnect to).
+    async fn on_port(port: Option<u16>) -> Self {
+        let port_arg = port.map_or("-1".to_owned(), |p| p.to_string());
+        let mut child = Command::new(nats_binary())
+            .args(["-a", "127.0.0.1", "-p", &port_arg])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start nats-server");
+        let stderr = child.stderr.take().expect("nats-server stderr");
+        let port = watch_output(stderr, "nats-server", |line| {
+            let (_, addr) = line.split_once("Listening for client connections on ")?;
+            addr.trim().rsplit_once(':')?.1.parse::<u16>().ok()
+        })
+        .await;
+        Self { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL) and waits until it is gone.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("kill nats-server");
+    }
+
+    /// A new server on the same port, after [`Nats::kill`].
+    pub async fn restart(&mut self) {
+        *self = Self::on_port(Some(self.port)).await;
+    }
+}
+
+/// One `imcore` process.
+pub struct Node {
+    child: Child,
+    pub host: Ipv4Addr,
+    pub port: u16,
+}
+
+impl Node {
+    async fn start(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_imcore"))
+            .env("DATABASE_URL", database_url)
+            .env("IMCORE_NATS_URL", nats_url)
+            .env("IMCORE_LISTEN", format!("{host}:0"))
+            .env("IMCORE_ADMIN_TOKEN", ADMIN)
+            .env("IMCORE_DATA_DIR", data_dir)
+            .env("IMCORE_LOG", "info")
+            .env("IMCORE_WORKERS", "1")
+            .env("IMCORE_ARBITERS", "1")
+            .env("IMCORE_POOL_SIZE", "6")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start an imcore node");
+        let stdout = child.stdout.take().expect("node stdout");
+        let port = watch_output(stdout, "imcore node", |line| {
+            let (_, rest) = line.split_once("imcore is listening")?;
+            let (_, port) = rest.split_once("port=")?;
+            port.split_whitespace().next()?.parse::<u16>().ok()
+        })
+        .await;
+        Self { child, host, port }
+    }
+
+    /// Kills the process (SIGKILL): no graceful shutdown, nothing said to anyone.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("kill the node");
+    }
+
+    /// A connection of the device `token` stands for, routed by the time
+    /// this returns (a ping was answered).
+    pub async fn ws(&self, token: &str) -> Ws {
+        let mut ws = self.try_ws(token).await.unwrap_or_else(|s| panic!("websocket upgrade refused: {s}"));
+        ws.request("ping", json!({})).await;
+        ws
+    }
+
+    pub async fn try_ws(&self, token: &str) -> Result<Ws, u16> {
+        Ws::connect_url(&format!("ws://{}:{}/v1/ws?token={token}", self.host, self.port)).await
+    }
+}
+
+/// A TCP relay between one node and NATS, for cutting that node alone off:
+/// it copies both ways until [`Relay::blackhole`] makes it swallow what the
+/// node sends (a network dropping packets), and [`Relay::cut`] closes its
+/// connections; the node's next connection is relayed again.
+pub struct Relay {
+    pub port: u16,
+    swallow: Arc<AtomicBool>,
+    cuts: watch::Sender<u64>,
+}
+
+impl Relay {
+    async fn start(nats_port: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the relay");
+        let port = listener.local_addr().expect("relay address").port();
+        let swallow = Arc::new(AtomicBool::new(false));
+        let (cuts, _) = watch::channel(0);
+        let (swallowing, cut) = (swallow.clone(), cuts.clone());
+        tokio::spawn(async move {
+            while let Ok((node, _)) = listener.accept().await {
+                let Ok(nats) = TcpStream::connect(("127.0.0.1", nats_port)).await else { continue };
+                tokio::spawn(relay(node, nats, swallowing.clone(), cut.subscribe()));
+            }
+        });
+        Self { port, swallow, cuts }
+    }
+
+    pub fn blackhole(&self) {
+        self.swallow.store(true, Ordering::SeqCst);
+    }
+
+    /// Closes the relayed connections; later ones are copied faithfully.
+    pub fn cut(&self) {
+        self.swallow.store(false, Ordering::SeqCst);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
+
+async fn relay(node: TcpStream, nats: TcpStream, swallow: Arc<AtomicBool>, mut cut: watch::Receiver<u64>) {
+    let (mut from_node, mut to_node) = node.into_split();
+    let (mut from_nats, mut to_nats) = nats.into_split();
+    let upstream = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from_node.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if !swallow.load(Ordering::SeqCst) && to_nats.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let downstream = tokio::io::copy(&mut from_nats, &mut to_node);
+    tokio::select! {
+        () = upstream => {}
+        _ = downstream => {}
+        _ = cut.changed() => {}
+    }
+}
+
+/// `n` nodes on 127.0.0.1 … 127.0.0.n, one NATS server, one database.
+pub struct Cluster {
+    /// Three servers and NATS keep both cores busy: no latency-bound or
+    /// browser test runs beside a cluster.
+    _cpu: tokio::sync::MutexGuard<'static, ()>,
+    /// The nodes' database, for the test's life.
+    _db: TestDb,
+    pub nats: Nats,
+    pub nodes: Vec<Node>,
+    data_dir: PathBuf,
+}
+
+impl Cluster {
+    pub async fn start(n: u8) -> Self {
+        Self::start_relayed(n, None).await.0
+    }
+
+    /// Node `relayed` (if any) reaches NATS through a [`Relay`].
+    pub async fn start_relayed(n: u8, relayed: Option<usize>) -> (Self, Option<Relay>) {
+        let cpu = crate::harness::alone_with_the_cpu().await;
+        let db = TestDb::with_pool(2).await;
+        let nats = Nats::start().await;
+        let relay = match relayed {
+            Some(_) => Some(Relay::start(nats.port).await),
+            None => None,
+        };
+        let data_dir = std::env::temp_dir().join(format!("imcore-cluster-{}", uuid::Uuid::new_v4().simple()));
+        let mut nodes = Vec::new();
+        for i in 1..=n {
+            let url = match &relay {
+                Some(r) if relayed == Some(usize::from(i) - 1) => format!("nats://127.0.0.1:{}", r.port),
+                _ => nats.url(),
+            };
+            nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir).await);
+        }
+        (Self { _cpu: cpu, _db: db, nats, nodes, data_dir }, relay)
+    }
+
+    /// An admin call, through the first node (on 127.0.0.1).
+    pub async fn admin(&self, path: &str, body: Value) -> (u16, Value) {
+        http_raw(self.nodes[0].port, "POST", path, Some(ADMIN), Some(&body.to_string())).await
+    }
+
+    /// Creates `user` and returns the token of its device `d1`.
+    pub async fn user(&self, user: &str) -> String {
+        let (status, v) = self.admin("/v1/admin/users", json!({"user_id": user})).await;
+        assert_eq!(status, 201, "create user {user}: {v}");
+        let (status, v) = self.admin(&format!("/v1/admin/users/{user}/devices"), json!({"device_id": "d1"})).await;
+        assert_eq!(status, 201, "issue a device token: {v}");
+        v["token"].as_str().expect("token").to_owned()
+    }
+
+    /// A group `id` created by `token`'s user with `members`, through the first node.
+    pub async fn group(&self, token: &str, id: &str, members: &[&str]) {
+        let body = json!({"kind": "group", "conv_id": id, "name": id, "members": members});
+        let (status, v) =
+            http_raw(self.nodes[0].port, "POST", "/v1/conversations", Some(token), Some(&body.to_string())).await;
+        assert_eq!(status, 201, "create group: {v}");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
