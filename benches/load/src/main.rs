@@ -9,6 +9,8 @@
 //!   half load). See `ws/mod.rs`.
 //! * `imcore-load retention` — in process: the purge rate, a hot group during
 //!   a purge, and sends that probe a million tombstones. See `retention/mod.rs`.
+//! * `imcore-load since` — in process: the reconnect delta of a user in
+//!   10,000 conversations, 10 of them changed. See `since.rs`.
 //!
 //! Every run is bounded in messages and time and stops by itself, and checks
 //! what it wrote: a run that did not verify makes the command fail.
@@ -17,6 +19,7 @@ mod environment;
 mod percentiles;
 mod retention;
 mod senders;
+mod since;
 mod verdict;
 mod write;
 mod ws;
@@ -45,6 +48,8 @@ enum Cmd {
     Ws(Box<ws::Args>),
     /// In process: purge rate, a hot group during a purge, sends probing a million tombstones.
     Retention(retention::Args),
+    /// In process: the reconnect delta (PROTOCOL §7) of a user in many conversations.
+    Since(since::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -53,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Some(Cmd::Ws(args)) => ws::main(*args),
         Some(Cmd::Write(args)) => write::main(args),
         Some(Cmd::Retention(args)) => retention::main(args),
+        Some(Cmd::Since(args)) => since::main(args),
         None => write::main(cli.write),
     }
 }
