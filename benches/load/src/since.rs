@@ -42,14 +42,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> std::process::ExitCode {
-    imcore::telemetry::init("warn");
-    match actix::System::new().block_on(run(args)) {
-        Ok(failed) => crate::verdict::exit_code("imcore-load since", &failed),
-        Err(e) => {
-            eprintln!("imcore-load: {e:?}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    crate::verdict::run_in_process("imcore-load since", run(args))
 }
 
 async fn run(args: Args) -> Result<Vec<String>, BoxError> {

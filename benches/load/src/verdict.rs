@@ -2,9 +2,25 @@
 //! claims to: the command says so on stderr and exits non-zero (after
 //! writing its evidence, which records `"verified": false`).
 
+use std::future::Future;
 use std::process::ExitCode;
 
 use serde_json::Value;
+
+use crate::environment::BoxError;
+
+/// Runs an in-process benchmark `run` in an actix system and exits as
+/// [`exit_code`] says (or with failure and the error).
+pub fn run_in_process(command: &str, run: impl Future<Output = Result<Vec<String>, BoxError>>) -> ExitCode {
+    imcore::telemetry::init("warn");
+    match actix::System::new().block_on(run) {
+        Ok(failed) => exit_code(command, &failed),
+        Err(e) => {
+            eprintln!("imcore-load: {e:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// Names of the runs whose `verified` is not `true`.
 pub fn unverified(runs: &[Value]) -> Vec<String> {

@@ -73,14 +73,7 @@ impl Args {
 }
 
 pub fn main(args: Args) -> std::process::ExitCode {
-    imcore::telemetry::init("warn");
-    match actix::System::new().block_on(run(args)) {
-        Ok(failed) => crate::verdict::exit_code("imcore-load write", &failed),
-        Err(e) => {
-            eprintln!("imcore-load: {e:?}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    crate::verdict::run_in_process("imcore-load write", run(args))
 }
 
 /// The names of the runs that did not verify.

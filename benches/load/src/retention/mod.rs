@@ -72,14 +72,7 @@ pub struct Args {
 const GOAL_RATIO: f64 = 0.8;
 
 pub fn main(args: Args) -> std::process::ExitCode {
-    imcore::telemetry::init("warn");
-    match actix::System::new().block_on(run(args)) {
-        Ok(failed) => crate::verdict::exit_code("imcore-load retention", &failed),
-        Err(e) => {
-            eprintln!("imcore-load: {e:?}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    crate::verdict::run_in_process("imcore-load retention", run(args))
 }
 
 /// Shared by every part of one run.
