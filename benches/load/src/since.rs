@@ -93,7 +93,7 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let latency = Percentiles::of(ms);
     let verified = exact == args.rounds;
     eprintln!(
-        "since: {} conversations, {} changed: delta {} ms, {reply_bytes} bytes (full paging: {full_pages} pages, \
+        "since: {} conversations, {} changed: delta {}, {reply_bytes} bytes (full paging: {full_pages} pages, \
          {full_bytes} bytes), exact {exact}/{}",
         args.conversations,
         args.changed,
