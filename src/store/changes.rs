@@ -15,6 +15,8 @@
 //! for stamps at or after it, includes it. So nothing is missed; a change
 //! may be reported twice, which costs a client nothing.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, TimeDelta, Utc};
 use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
@@ -22,7 +24,6 @@ use tokio_postgres::Client;
 
 use super::inbox::{inbox_item, inbox_items_sql, InboxItem, INBOX_MAX_LIMIT};
 use super::{Store, StoreError};
-use std::sync::LazyLock;
 
 /// Beyond this age a token answers `reset`: a full paging then costs less
 /// than the delta would.
