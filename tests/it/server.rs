@@ -155,6 +155,15 @@ impl Ws {
         self.0.reply(id).await.unwrap_or_else(|e| panic!("waiting for reply {id}: {e}"))
     }
 
+    /// The reply with this id, or the close code when the connection closed first.
+    pub async fn reply_or_close(&mut self, id: u64) -> Result<Value, Option<u16>> {
+        match self.0.reply(id).await {
+            Ok(v) => Ok(v),
+            Err(ClientError::Closed { code }) => Err(code),
+            Err(e) => panic!("waiting for reply {id}: {e}"),
+        }
+    }
+
     pub async fn request(&mut self, op: &str, fields: Value) -> Value {
         let id = self.start(op, fields).await;
         self.reply(id).await
