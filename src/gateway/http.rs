@@ -10,7 +10,8 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::group;
-use super::ops::{self, Request};
+use super::ops;
+use super::request::Request;
 use super::{auth, AppState};
 use crate::protocol::ErrorCode;
 use crate::store::TokenOwner;

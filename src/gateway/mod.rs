@@ -5,7 +5,8 @@
 //! # Layout
 //! * `auth` — device and admin bearer tokens, refusals remembered briefly.
 //! * `create_rate` — the per-user limit on conversations created per minute.
-//! * `ops` — parsed requests and their one dispatch (WebSocket and HTTP).
+//! * `request` — a device request parsed and checked at the edge.
+//! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
 //! * `session` — the WebSocket actor (the only user of `actix-web-actors`).
 //! * `health` — `/healthz`, `/readyz`; `/metrics` is here.
@@ -26,6 +27,7 @@ mod group;
 mod health;
 mod http;
 pub mod ops;
+mod request;
 mod session;
 
 use std::sync::atomic::{AtomicBool, Ordering};

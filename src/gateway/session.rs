@@ -48,7 +48,8 @@ use serde_json::{json, Map, Value};
 use tokio::sync::Semaphore;
 
 use super::error::ApiError;
-use super::ops::{self, Reply, Request};
+use super::ops::{self, Reply};
+use super::request::Request;
 use super::{auth, AppState};
 use crate::delivery::{Conn, KickReason, Push};
 use crate::metrics::metrics;

@@ -1,0 +1,398 @@
+//! A device's request, parsed: a WebSocket frame and an HTTP request both
+//! become `(op name, field map)`, parsed here into a [`Request`] with every id,
+//! body and number checked at the edge (PROTOCOL §1, §5); malformed input is
+//! `BAD_REQUEST` (or `PAYLOAD_TOO_LARGE`) before anything runs.
+//!
+//! Group ops slot in as new [`Request`] variants with a parse arm here and a
+//! run arm in `ops`; the transports need no change beyond an HTTP route
+//! naming the op.
+
+use imcore_actors::{ClientMsgId, ConvId, UserId};
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use super::group::{self, MAX_GROUP_SIZE};
+use crate::domain::{check_text, parse_time, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS};
+use crate::store::{
+    GroupChange, GroupSettings, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
+};
+
+/// Most members named in one `create_conversation`.
+pub const MAX_CREATE_MEMBERS: usize = 1000;
+/// Longest inbox cursor accepted: ours are the hex of `<µs>:<conv_id>`, at
+/// most 170 characters.
+const MAX_CURSOR_CHARS: usize = 256;
+
+/// A parsed, checked request of a device.
+#[derive(Debug, Clone)]
+pub enum Request {
+    CreateConversation(NewConversation),
+    GetConversation {
+        conv: ConvId,
+    },
+    Conversations {
+        limit: i64,
+        cursor: Option<String>,
+    },
+    /// `conversations` with `since` (PROTOCOL §7).
+    ConversationsSince {
+        since: String,
+    },
+    Send {
+        conv: ConvId,
+        client_msg_id: ClientMsgId,
+        body: Body,
+    },
+    Sync(SyncParams),
+    Read {
+        conv: ConvId,
+        seq: i64,
+    },
+    Recall {
+        conv: ConvId,
+        target_seq: i64,
+    },
+    /// A group op that changes the conversation (PROTOCOL §5 table).
+    Group {
+        conv: ConvId,
+        change: GroupChange,
+    },
+    Members {
+        conv: ConvId,
+        after: i64,
+        limit: i64,
+        q: Option<String>,
+    },
+    Applications {
+        conv: ConvId,
+        after: Option<UserId>,
+        limit: i64,
+    },
+    Ping,
+    /// Who the caller's token belongs to (a client shows it and tells its own messages apart).
+    WhoAmI,
+}
+
+#[derive(Debug, Clone)]
+pub enum NewConversation {
+    Direct { other: UserId },
+    Group { conv_id: Option<ConvId>, name: String, members: Vec<UserId>, settings: GroupSettings },
+}
+
+#[derive(Debug, Clone)]
+pub struct SyncParams {
+    pub conv: ConvId,
+    pub after_seq: Option<i64>,
+    pub before_seq: Option<i64>,
+    pub limit: i64,
+    pub epoch: Option<i32>,
+}
+
+impl Request {
+    /// The op name, for metrics and logs.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::CreateConversation(_) => "create_conversation",
+            Request::GetConversation { .. } => "get_conversation",
+            Request::Conversations { .. } | Request::ConversationsSince { .. } => "conversations",
+            Request::Send { .. } => "send",
+            Request::Sync(_) => "sync",
+            Request::Read { .. } => "read",
+            Request::Group { change, .. } => change.op(),
+            Request::Recall { .. } => "recall",
+            Request::Members { .. } => "members",
+            Request::Applications { .. } => "applications",
+            Request::Ping => "ping",
+            Request::WhoAmI => "whoami",
+        }
+    }
+
+    /// The conversation the request is about, if one.
+    pub fn conv(&self) -> Option<&ConvId> {
+        match self {
+            Request::GetConversation { conv }
+            | Request::Send { conv, .. }
+            | Request::Read { conv, .. }
+            | Request::Group { conv, .. }
+            | Request::Recall { conv, .. }
+            | Request::Members { conv, .. }
+            | Request::Applications { conv, .. } => Some(conv),
+            Request::Sync(p) => Some(&p.conv),
+            Request::CreateConversation(_)
+            | Request::Conversations { .. }
+            | Request::ConversationsSince { .. }
+            | Request::Ping
+            | Request::WhoAmI => None,
+        }
+    }
+
+    /// Parses `op` with its fields. Unknown op, missing or malformed field →
+    /// `BAD_REQUEST`; a body over `max_body_bytes` → `PAYLOAD_TOO_LARGE`.
+    pub fn parse(op: &str, fields: &Map<String, Value>, max_body_bytes: usize) -> Result<Self, ApiError> {
+        let f = Fields(fields);
+        Ok(match op {
+            "create_conversation" => Request::CreateConversation(parse_new_conversation(&f)?),
+            "get_conversation" => Request::GetConversation { conv: f.conv_id()? },
+            "conversations" => match f.opt_str("since")? {
+                Some(since) => Request::ConversationsSince { since: checked_since(&f, since)? },
+                None => Request::Conversations {
+                    limit: f.int_in("limit", 1, INBOX_MAX_LIMIT)?.unwrap_or(INBOX_DEFAULT_LIMIT),
+                    cursor: f.opt_str("cursor")?.map(checked_cursor).transpose()?,
+                },
+            },
+            "send" => {
+                let conv = f.conv_id()?;
+                let client_msg_id = ClientMsgId::parse(f.str("client_msg_id")?)?;
+                let body = match fields.get("body") {
+                    None => return Err(ApiError::bad_request("missing field `body`")),
+                    // A null body is how a recalled message syncs: a message never has one.
+                    Some(Value::Null) => return Err(ApiError::bad_request("`body` may not be null")),
+                    Some(body) => Body::parse(body, max_body_bytes)?,
+                };
+                Request::Send { conv, client_msg_id, body }
+            }
+            "sync" => {
+                let before_seq = f.int_in("before_seq", 1, i64::MAX)?;
+                let after_seq = f.int_in("after_seq", 0, i64::MAX)?;
+                if before_seq.is_some() && after_seq.is_some() {
+                    return Err(ApiError::bad_request("give `after_seq` or `before_seq`, not both"));
+                }
+                Request::Sync(SyncParams {
+                    conv: f.conv_id()?,
+                    after_seq,
+                    before_seq,
+                    // Over the maximum is clamped (PROTOCOL: "max 1000"); below 1 is refused.
+                    limit: f.int_in("limit", 1, i64::MAX)?.map_or(SYNC_DEFAULT_LIMIT, |l| l.min(SYNC_MAX_LIMIT)),
+                    epoch: f.int_in("epoch", 1, i32::MAX.into())?.map(|e| e as i32),
+                })
+            }
+            "read" => Request::Read {
+                conv: f.conv_id()?,
+                seq: f.int_in("seq", 0, i64::MAX)?.ok_or_else(|| ApiError::bad_request("missing field `seq`"))?,
+            },
+            "ping" => Request::Ping,
+            "whoami" => Request::WhoAmI,
+            "recall" => Request::Recall {
+                conv: f.conv_id()?,
+                target_seq: f
+                    .int_in("target_seq", 1, i64::MAX)?
+                    .ok_or_else(|| ApiError::bad_request("missing field `target_seq`"))?,
+            },
+            "members" => {
+                let (after, limit, q) = group::parse_members(&f)?;
+                Request::Members { conv: f.conv_id()?, after, limit, q }
+            }
+            "applications" => {
+                let (after, limit) = group::parse_applications(&f)?;
+                Request::Applications { conv: f.conv_id()?, after, limit }
+            }
+            other => match group::parse_change(other, &f)? {
+                Some(change) => Request::Group { conv: f.conv_id()?, change },
+                None => return Err(ApiError::bad_request(format!("unknown op `{}`", truncate(other, 64)))),
+            },
+        })
+    }
+}
+
+fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
+    let members: Vec<UserId> = match f.0.get("members") {
+        Some(Value::Array(items)) if items.len() <= MAX_CREATE_MEMBERS => items
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => UserId::parse(s).map_err(ApiError::from),
+                _ => Err(ApiError::bad_request("`members` must be user ids")),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::bad_request(format!("at most {MAX_CREATE_MEMBERS} members at creation")))
+        }
+        None => vec![],
+        Some(_) => return Err(ApiError::bad_request("`members` must be an array of user ids")),
+    };
+    match f.str("kind")? {
+        "direct" => match <[UserId; 1]>::try_from(members) {
+            Ok([other]) => Ok(NewConversation::Direct { other }),
+            Err(_) => Err(ApiError::bad_request("a direct conversation names exactly one other member")),
+        },
+        "group" => {
+            let name = f.str("name")?;
+            check_text("name", name, MAX_GROUP_NAME_CHARS).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let mut settings = GroupSettings::default();
+            if let Some(m) = f.opt_str("delivery_mode")? {
+                settings.delivery_mode = m
+                    .parse::<DeliveryMode>()
+                    .map_err(|()| ApiError::bad_request("`delivery_mode` is `push` or `pull`"))?;
+            }
+            if let Some(m) = f.opt_str("join_mode")? {
+                settings.join_mode = m
+                    .parse::<JoinMode>()
+                    .map_err(|()| ApiError::bad_request("`join_mode` is `invite`, `approval` or `free`"))?;
+            }
+            if let Some(n) = f.int_in("max_member", 1, MAX_GROUP_SIZE)? {
+                settings.max_member = n as i32;
+            }
+            if let Some(ms) = f.int_in("recall_window_ms", 0, MAX_DURATION_MS)? {
+                settings.recall_window_ms = ms;
+            }
+            settings.retention_ms = f.int_in("retention_ms", 1, MAX_DURATION_MS)?;
+            let conv_id = f.opt_str("conv_id")?.map(ConvId::parse).transpose()?;
+            Ok(NewConversation::Group { conv_id, name: name.to_owned(), members, settings })
+        }
+        _ => Err(ApiError::bad_request("`kind` is `direct` or `group`")),
+    }
+}
+
+/// Field access with PROTOCOL §1 checks. Integers and booleans may come as
+/// JSON values (WebSocket, HTTP bodies) or strings (HTTP query parameters).
+pub struct Fields<'a>(pub &'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    pub fn get(&self, name: &str) -> Option<&'a Value> {
+        self.0.get(name)
+    }
+
+    /// Present, even as `null`.
+    pub fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    pub fn user_id(&self, name: &str) -> Result<UserId, ApiError> {
+        Ok(UserId::parse(self.str(name)?)?)
+    }
+
+    /// A PROTOCOL §1 time, or nothing for an absent or null field.
+    pub fn opt_time(&self, name: &str) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+        self.opt_str(name)?
+            .map(|s| parse_time(s).ok_or_else(|| ApiError::bad_request(format!("`{name}` must be an RFC 3339 time"))))
+            .transpose()
+    }
+
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(Value::String(s)) if s == "true" || s == "false" => Ok(Some(s == "true")),
+            Some(_) => Err(ApiError::bad_request(format!("`{name}` must be true or false"))),
+        }
+    }
+
+    pub fn opt_str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::bad_request(format!("`{name}` must be a string"))),
+        }
+    }
+
+    pub fn str(&self, name: &str) -> Result<&'a str, ApiError> {
+        self.opt_str(name)?.ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
+    }
+
+    pub fn conv_id(&self) -> Result<ConvId, ApiError> {
+        Ok(ConvId::parse(self.str("conv_id")?)?)
+    }
+
+    pub fn int_in(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+        let n = match self.0.get(name) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Number(n)) => n.as_i64(),
+            Some(Value::String(s)) => s.parse::<i64>().ok(),
+            Some(_) => None,
+        };
+        match n {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(ApiError::bad_request(format!("`{name}` must be an integer in {min}..={max}"))),
+        }
+    }
+}
+
+/// A `since` token is opaque: any string of bounded length is taken (one that
+/// is not a token of ours answers `reset`), alone (no `cursor`, no `limit`).
+fn checked_since(f: &Fields<'_>, since: &str) -> Result<String, ApiError> {
+    if f.0.contains_key("cursor") || f.0.contains_key("limit") {
+        return Err(ApiError::bad_request("`since` takes neither `cursor` nor `limit`"));
+    }
+    if since.len() > MAX_CURSOR_CHARS {
+        return Err(ApiError::bad_request("malformed since: pass a `since` as it was given"));
+    }
+    Ok(since.to_owned())
+}
+
+/// An inbox cursor is opaque, but it is always hex of bounded length: anything
+/// else cannot be one of ours and is refused before the store sees it.
+fn checked_cursor(cursor: &str) -> Result<String, ApiError> {
+    if cursor.is_empty() || cursor.len() > MAX_CURSOR_CHARS || !cursor.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request("malformed cursor: pass a `next_cursor` as it was given"));
+    }
+    Ok(cursor.to_owned())
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::protocol::ErrorCode;
+
+    fn parse(op: &str, v: Value) -> Result<Request, ApiError> {
+        let Value::Object(m) = v else { panic!("object") };
+        Request::parse(op, &m, 100)
+    }
+
+    #[test]
+    fn fields_are_checked_at_the_edge() {
+        let code = |r: Result<Request, ApiError>| r.err().map(|e| e.code());
+        assert_eq!(code(parse("nope", json!({}))), Some(ErrorCode::BadRequest));
+        assert_eq!(
+            code(parse("send", json!({"conv_id": "c 1", "client_msg_id": "m", "body": 1}))),
+            Some(ErrorCode::BadRequest)
+        );
+        assert_eq!(code(parse("send", json!({"conv_id": "c1", "client_msg_id": "m"}))), Some(ErrorCode::BadRequest));
+        assert_eq!(
+            code(parse("send", json!({"conv_id": "c1", "client_msg_id": "m", "body": "x".repeat(200)}))),
+            Some(ErrorCode::PayloadTooLarge)
+        );
+        assert_eq!(code(parse("sync", json!({"conv_id": "c1", "limit": 0}))), Some(ErrorCode::BadRequest));
+        assert!(
+            matches!(parse("sync", json!({"conv_id": "c1", "after_seq": "7"})), Ok(Request::Sync(p)) if p.after_seq == Some(7))
+        );
+        assert_eq!(
+            code(parse("create_conversation", json!({"kind": "direct", "members": []}))),
+            Some(ErrorCode::BadRequest)
+        );
+        assert!(parse("create_conversation", json!({"kind": "group", "name": "g", "members": ["a"]})).is_ok());
+        for extra in [json!({"name": "a\u{0}"}), json!({"name": "x".repeat(129)}), json!({"retention_ms": i64::MAX})] {
+            let mut f = json!({"kind": "group", "name": "g"});
+            f.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+            assert_eq!(code(parse("create_conversation", f)), Some(ErrorCode::BadRequest), "{extra}");
+        }
+        assert_eq!(
+            code(parse("send", json!({"conv_id": "c1", "client_msg_id": "m", "body": null}))),
+            Some(ErrorCode::BadRequest)
+        );
+        for cursor in ["", "xyz", &"a".repeat(MAX_CURSOR_CHARS + 1)] {
+            assert_eq!(
+                code(parse("conversations", json!({"cursor": cursor}))),
+                Some(ErrorCode::BadRequest),
+                "{cursor}"
+            );
+        }
+        for fields in [
+            json!({"since": 12}),
+            json!({"since": "ab", "cursor": "ab"}),
+            json!({"since": "ab", "limit": 10}),
+            json!({"since": "a".repeat(MAX_CURSOR_CHARS + 1)}),
+        ] {
+            assert_eq!(code(parse("conversations", fields.clone())), Some(ErrorCode::BadRequest), "{fields}");
+        }
+        // Any other string is a token to look at: not ours answers `reset`, not an error.
+        assert!(matches!(parse("conversations", json!({"since": "not ours"})), Ok(Request::ConversationsSince { .. })));
+    }
+}
