@@ -158,8 +158,10 @@ pub fn observe_write_phase(phase: &'static str, elapsed: Duration) {
     METRICS.write_phase.with_label_values(&[phase]).observe(elapsed.as_secs_f64());
 }
 
-/// The write-transaction phases, in order.
-pub const WRITE_PHASES: [&str; 4] = ["pool", "lock", "apply", "commit"];
+/// The write-transaction phases, in order: a transaction runs `one_trip`
+/// (BEGIN, guarded append and COMMIT at once), or `lock`, `apply` and
+/// `commit`, after a `declined` one-trip attempt or without one.
+pub const WRITE_PHASES: [&str; 6] = ["pool", "one_trip", "declined", "lock", "apply", "commit"];
 
 /// `(total seconds, transactions)` per phase so far, in [`WRITE_PHASES`]
 /// order; two readings give the mean per transaction in between.

@@ -76,18 +76,22 @@ pub struct Run {
     pub target_rate: Option<f64>,
     /// Mean ms per write transaction, by phase (`None`: no transaction of it).
     pub phase_ms: Vec<(&'static str, Option<f64>)>,
+    /// Write transactions that went through each phase.
+    pub phase_count: Vec<(&'static str, u64)>,
 }
 
-/// Mean ms per transaction and phase between two `write_phase_totals` readings.
-fn phase_ms(before: &[(f64, u64)], after: &[(f64, u64)]) -> Vec<(&'static str, Option<f64>)> {
+/// Mean ms per transaction and phase, and transactions per phase, between
+/// two `write_phase_totals` readings.
+#[allow(clippy::type_complexity)]
+fn phases(before: &[(f64, u64)], after: &[(f64, u64)]) -> (Vec<(&'static str, Option<f64>)>, Vec<(&'static str, u64)>) {
     WRITE_PHASES
         .iter()
         .zip(before.iter().zip(after))
         .map(|(phase, ((s0, n0), (s1, n1)))| {
             let n = n1.saturating_sub(*n0);
-            (*phase, (n > 0).then(|| (s1 - s0) * 1000.0 / n as f64))
+            ((*phase, (n > 0).then(|| (s1 - s0) * 1000.0 / n as f64)), (*phase, n))
         })
-        .collect()
+        .unzip()
 }
 
 impl Run {
@@ -104,6 +108,7 @@ impl Run {
             "failed": self.failed,
             "target_rate": self.target_rate,
             "transaction_phase_ms": self.phase_ms.iter().map(|(p, ms)| (p.to_string(), json!(ms))).collect::<serde_json::Map<_, _>>(),
+            "transaction_phase_count": self.phase_count.iter().map(|(p, n)| (p.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "verified": self.verified,
         })
     }
@@ -153,7 +158,7 @@ pub async fn measured(
     let first_seqs = next_seqs(store, load.convs).await?;
     let phases_before = write_phase_totals();
     let (acks, failed, elapsed) = drive(writer, load).await;
-    let phase_ms = phase_ms(&phases_before, &write_phase_totals());
+    let (phase_ms, phase_count) = phases(&phases_before, &write_phase_totals());
     writer.shutdown().await;
     Ok(Run {
         scenario,
@@ -168,6 +173,7 @@ pub async fn measured(
         verified: verify(store, load.convs, &first_seqs, &acks).await?,
         target_rate: load.rate,
         phase_ms,
+        phase_count,
     })
 }
 

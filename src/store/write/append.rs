@@ -1,5 +1,6 @@
 //! The one INSERT of every event of a transaction, with the row updates.
 
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::batch::BatchBuilder;
@@ -28,7 +29,7 @@ UPDATE conversations c
 
 /// Column arrays of the events of a transaction, for one multi-row INSERT.
 #[derive(Default)]
-struct EventColumns<'a> {
+pub(super) struct EventColumns<'a> {
     convs: Vec<&'a str>,
     seqs: Vec<i64>,
     kinds: Vec<&'static str>,
@@ -47,6 +48,34 @@ struct EventColumns<'a> {
 }
 
 impl<'a> EventColumns<'a> {
+    /// The events of `b`.
+    pub(super) fn push_all(&mut self, b: &'a BatchBuilder) {
+        for e in &b.events {
+            self.push(b, e);
+        }
+    }
+
+    /// The 15 arrays, in the order of the INSERT's columns (`$1`..`$15`).
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 15] {
+        [
+            &self.convs,
+            &self.seqs,
+            &self.kinds,
+            &self.message_ids,
+            &self.senders,
+            &self.devices,
+            &self.keys,
+            &self.hashes,
+            &self.bodies,
+            &self.subjects,
+            &self.actors,
+            &self.reasons,
+            &self.changes,
+            &self.targets,
+            &self.recalled,
+        ]
+    }
+
     fn push(&mut self, b: &'a BatchBuilder, e: &'a Event) {
         self.convs.push(b.conv.as_str());
         self.seqs.push(e.seq);
@@ -109,9 +138,7 @@ pub(super) async fn append_events(tx: Conn<'_>, builders: &[(usize, BatchBuilder
     let (mut erased_convs, mut erased_seqs) = (vec![], vec![]);
     let mut now = None;
     for (_, b) in builders.iter().filter(|(_, b)| !b.events.is_empty()) {
-        for e in &b.events {
-            cols.push(b, e);
-        }
+        cols.push_all(b);
         for &seq in &b.erased {
             erased_convs.push(b.conv.as_str());
             erased_seqs.push(seq);
@@ -123,34 +150,7 @@ pub(super) async fn append_events(tx: Conn<'_>, builders: &[(usize, BatchBuilder
         now = Some(b.now);
     }
     let Some(now) = now else { return Ok(()) };
-    tx.client
-        .execute(
-            &tx.prepared.append,
-            &[
-                &cols.convs,
-                &cols.seqs,
-                &cols.kinds,
-                &cols.message_ids,
-                &cols.senders,
-                &cols.devices,
-                &cols.keys,
-                &cols.hashes,
-                &cols.bodies,
-                &cols.subjects,
-                &cols.actors,
-                &cols.reasons,
-                &cols.changes,
-                &cols.targets,
-                &cols.recalled,
-                &now,
-                &convs,
-                &next_seqs,
-                &bumps,
-                &counts,
-                &erased_convs,
-                &erased_seqs,
-            ],
-        )
-        .await?;
+    let rest: [&(dyn ToSql + Sync); 7] = [&now, &convs, &next_seqs, &bumps, &counts, &erased_convs, &erased_seqs];
+    tx.client.execute(&tx.prepared.append, &[&cols.params()[..], &rest].concat()).await?;
     Ok(())
 }

@@ -15,7 +15,8 @@ use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
 use crate::store::StoreError;
 
 /// The locked conversation row.
-pub(super) struct ConvRow {
+#[derive(Debug, Clone)]
+pub(in crate::store) struct ConvRow {
     /// A group, not a direct conversation.
     pub(super) group: bool,
     pub(super) dismissed: bool,
@@ -303,7 +304,7 @@ pub(super) fn settle_standings(
         let Some(row) = rows.get(&job.conv) else { continue };
         let cache = &mut job.cache;
         if cache.member_version != Some(row.member_version) {
-            *cache = ConvCache { member_version: Some(row.member_version), roster: Roster::default() };
+            *cache = ConvCache { member_version: Some(row.member_version), ..ConvCache::default() };
         }
         let named: HashSet<&UserId> = job.ops.iter().flat_map(WriteOp::users).collect();
         for user in named {

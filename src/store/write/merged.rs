@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::lookup::{lock_and_read, LockMode};
 use super::prepared::Conn;
 use super::txn::WriteTx;
-use super::{append_and_commit, apply_batches, BatchJob, ConvCache, Phase, Unfinished, WrittenBatch};
+use super::{append_and_commit, apply_batches, in_one_trip, BatchJob, ConvCache, Phase, Unfinished, WrittenBatch};
 use crate::store::{PooledClient, Store, StoreError};
 
 /// What became of one job of a merged transaction.
@@ -70,7 +70,16 @@ async fn merged_on(conn: &PooledClient, mut jobs: Vec<BatchJob>, phase: &mut Pha
         Err(e) => return rolled_back(jobs, e.into()),
     };
     phase.end("pool");
-    let tx = WriteTx::new(Conn { client: conn, prepared });
+    let conn = Conn { client: conn, prepared };
+    if let [job] = &mut jobs[..] {
+        match in_one_trip(conn, job, LockMode::SkipLocked, phase).await {
+            Ok(Some(written)) => return vec![Share::Committed(written, std::mem::take(&mut job.cache))],
+            Ok(None) => {}
+            Err(Unfinished::RolledBack(e)) => return rolled_back(jobs, e),
+            Err(Unfinished::Unknown(e)) => return vec![Share::Unknown(Arc::new(e))],
+        }
+    }
+    let tx = WriteTx::new(conn);
     let mut reads = match lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::SkipLocked).await {
         Ok(reads) => reads,
         Err(e) => return rolled_back(jobs, e),

@@ -26,6 +26,7 @@ mod lookup;
 mod member_rows;
 mod membership;
 mod merged;
+mod one_trip;
 mod ops;
 mod prepared;
 mod recall;
@@ -42,7 +43,7 @@ use super::{PooledClient, Store, StoreError};
 use crate::domain::{DeliveryMode, Event, Rejection, Standing};
 use append::append_events;
 use batch::BatchBuilder;
-use lookup::{lock_and_read, read_standings, settle_standings, LockMode, Reads};
+use lookup::{lock_and_read, read_standings, settle_standings, ConvRow, LockMode, Reads};
 use member_rows::{write_conv_patch, write_member_changes};
 pub(super) use merged::Share;
 pub use ops::{
@@ -119,13 +120,14 @@ impl Roster {
 
 /// What a conversation actor keeps between batches: the [`Roster`] of the
 /// users its batches named, valid while `member_version` matches the locked
-/// row (every membership, role or mute change bumps it). A stale or empty
-/// (`Default`) cache costs a lookup inside the same transaction, never a
-/// wrong answer.
+/// row (every membership, role or mute change bumps it), and the row as its
+/// last batch left it (`one_trip`). A stale or empty (`Default`) cache costs
+/// a lookup inside the same transaction, never a wrong answer.
 #[derive(Debug, Clone, Default)]
 pub struct ConvCache {
     member_version: Option<i64>,
     roster: Roster,
+    row: Option<ConvRow>,
 }
 
 /// Times the phases of a write transaction into `metrics::write_phase`.
@@ -183,7 +185,12 @@ async fn write_on(
 ) -> Result<(WrittenBatch, ConvCache), StoreError> {
     let prepared = conn.prepared().await?;
     phase.end("pool");
-    let tx = WriteTx::new(Conn { client: conn, prepared });
+    let conn = Conn { client: conn, prepared };
+    let mut job = job;
+    if let Some(written) = in_one_trip(conn, &mut job, LockMode::Wait, phase).await.map_err(Unfinished::into_error)? {
+        return Ok((written, job.cache));
+    }
+    let tx = WriteTx::new(conn);
     let mut jobs = [job];
     let reads = lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::Wait).await?;
     phase.end("lock");
@@ -191,6 +198,27 @@ async fn write_on(
     let mut written = append_and_commit(tx, applied, phase).await.map_err(Unfinished::into_error)?;
     let [job] = jobs;
     Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
+}
+
+/// Commits `job` in one round trip if its cache decides it (`one_trip`),
+/// and moves the cache's row on; `None`: nothing was written, and the job
+/// takes the full path.
+async fn in_one_trip(
+    conn: Conn<'_>,
+    job: &mut BatchJob,
+    mode: LockMode,
+    phase: &mut Phase,
+) -> Result<Option<WrittenBatch>, Unfinished> {
+    let Some(plan) = one_trip::plan(job) else { return Ok(None) };
+    let Some(written) = one_trip::commit_plan(conn, plan, mode).await? else {
+        phase.end("declined");
+        return Ok(None);
+    };
+    phase.end("one_trip");
+    if let Some(row) = &mut job.cache.row {
+        row.next_seq = written.appended.head + 1;
+    }
+    Ok(Some(written))
 }
 
 /// Applies one conversation's `ops` inside `tx`, which the caller commits
@@ -312,6 +340,13 @@ async fn apply_batches(
         write_member_changes(tx.client, &job.conv, &b.member_changes).await?;
         write_conv_patch(tx.client, &job.conv, &b.profile).await?;
         cache.member_version = Some(row.member_version + b.version_bump());
+        // A batch that changed the row's settings leaves the next to read it.
+        cache.row = b.profile.is_empty().then(|| ConvRow {
+            next_seq: b.next_seq,
+            member_version: row.member_version + b.version_bump(),
+            member_count: b.member_count,
+            ..row.clone()
+        });
         let appended = Appended {
             conv_id: job.conv.clone(),
             head: b.next_seq - 1,

@@ -1,6 +1,7 @@
 //! The write transaction's hot statements, prepared once per pooled
 //! connection (`store::connection`): the lock, the request-key and standing
-//! lookups and the append run with no parse or plan of their own.
+//! lookups, the append and the one-round-trip append run with no parse or
+//! plan of their own.
 
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Error, Statement};
@@ -9,6 +10,7 @@ use super::append::APPEND_EVENTS;
 use super::lookup::{
     EXISTING_CONVERSATIONS, LOAD_STANDINGS, LOCK_CONVERSATIONS, LOCK_CONVERSATIONS_SKIP_LOCKED, LOOKUP_REQUEST_KEYS,
 };
+use super::one_trip::{APPEND_IF_UNCHANGED, APPEND_IF_UNCHANGED_SKIP_LOCKED};
 
 pub struct Prepared {
     pub(super) lock: Statement,
@@ -17,6 +19,8 @@ pub struct Prepared {
     pub(super) request_keys: Statement,
     pub(super) standings: Statement,
     pub(super) append: Statement,
+    pub(super) append_if_unchanged: Statement,
+    pub(super) append_if_unchanged_skip_locked: Statement,
 }
 
 impl Prepared {
@@ -49,15 +53,38 @@ impl Prepared {
             T::TEXT_ARRAY,
             T::INT8_ARRAY,
         ];
-        let (lock, lock_skip_locked, existing, request_keys, standings, append) = futures_util::try_join!(
+        let guarded =
+            [&append[..15], &[T::TEXT, T::INT8, T::INT8, T::BOOL, T::TEXT, T::TEXT, T::TIMESTAMPTZ, T::TIMESTAMPTZ]]
+                .concat();
+        let (
+            lock,
+            lock_skip_locked,
+            existing,
+            request_keys,
+            standings,
+            append,
+            append_if_unchanged,
+            append_if_unchanged_skip_locked,
+        ) = futures_util::try_join!(
             client.prepare_typed(LOCK_CONVERSATIONS, &texts[..1]),
             client.prepare_typed(LOCK_CONVERSATIONS_SKIP_LOCKED, &texts[..1]),
             client.prepare_typed(EXISTING_CONVERSATIONS, &texts[..1]),
             client.prepare_typed(LOOKUP_REQUEST_KEYS, &texts),
             client.prepare_typed(LOAD_STANDINGS, &texts[..2]),
             client.prepare_typed(APPEND_EVENTS, &append),
+            client.prepare_typed(APPEND_IF_UNCHANGED, &guarded),
+            client.prepare_typed(APPEND_IF_UNCHANGED_SKIP_LOCKED, &guarded),
         )?;
-        Ok(Self { lock, lock_skip_locked, existing, request_keys, standings, append })
+        Ok(Self {
+            lock,
+            lock_skip_locked,
+            existing,
+            request_keys,
+            standings,
+            append,
+            append_if_unchanged,
+            append_if_unchanged_skip_locked,
+        })
     }
 }
 

@@ -2,7 +2,8 @@
 //! (P6), two writers on one log in small batches (and a control without the
 //! row lock), joins and leaves racing through two writers (P3, P4), a backend
 //! killed mid-batch, overload shedding, idle eviction racing sends, and the
-//! commit stage merging many conversations.
+//! commit stage merging many conversations, and an actor's warm cache (its
+//! one-round-trip sends) meeting another writer's changes.
 //! Each check runs with one transaction per conversation batch and, where
 //! the commit stage changes what happens, with the merged commit stage too;
 //! each writes its record to evidence/im-04.
@@ -12,6 +13,7 @@ mod faults;
 mod membership;
 mod merging;
 mod ordering;
+mod warm_cache;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
@@ -168,6 +170,7 @@ use eviction::eviction_races;
 use faults::{killed_mid_batch, overload_sheds, Stall};
 use membership::joins_and_leaves_race;
 use ordering::{issue_order, two_writers_one_log, RowLock};
+use warm_cache::another_writers_changes_reach_a_warm_cache;
 
 macro_rules! on_both_commit_modes {
     ($($name:ident => $check:ident($($arg:expr),*);)*) => {
@@ -213,4 +216,5 @@ on_both_commit_modes! {
     a_batch_killed_during_commit_fails_as_a_whole_and_retries_once_each => killed_mid_batch(Stall::AtCommit);
     a_flood_against_a_stalled_batch_is_shed_with_overloaded_and_loses_nothing_acked => overload_sheds();
     sends_racing_idle_eviction_are_all_answered_in_order_and_stored_once => eviction_races();
+    a_warm_actor_cache_answers_by_changes_made_elsewhere => another_writers_changes_reach_a_warm_cache();
 }

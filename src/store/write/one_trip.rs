@@ -1,0 +1,267 @@
+//! A batch in one round trip, when its conversation's cache already knows the
+//! outcome: BEGIN, one guarded statement and COMMIT, sent together.
+//!
+//! A conversation's actor is normally its only writer, so the row as its last
+//! batch left it (kept in the cache) is the row it will lock next. A batch of
+//! sends whose senders the roster knows is checked against that remembered
+//! row in Rust, with the rules of the full path (`send`), at the local time.
+//! If every send would append, the statement appends them — but only if, once
+//! it holds the row lock, the row still is what the checks read and no
+//! request key of the batch is taken:
+//!
+//! * `next_seq`, `member_version` (which every membership, role and mute
+//!   change moves, so the roster is current), status, `mute_all`,
+//!   `join_mode` and `delivery_mode` are those remembered;
+//! * the transaction's time lies on the same side as the local time of every
+//!   `mute_until` and `role_until` the checks compared it with, so each
+//!   check answers the same at either time;
+//! * no event or tombstone holds a request key of the batch.
+//!
+//! Otherwise it writes nothing, the transaction commits empty, and the batch
+//! runs the full path (lock and reads, then append) on the same connection.
+//! Either way every check holds under the lock (ARCHITECTURE §3): the guard
+//! is evaluated on the locked row — a row updated while the lock was awaited
+//! is read again at its newest version, and an append by anyone else moves
+//! its `next_seq`, so a lookup under the statement's snapshot misses nothing
+//! committed since.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use tokio_postgres::types::ToSql;
+
+use super::append::EventColumns;
+use super::batch::BatchBuilder;
+use super::lookup::{ConvRow, LockMode};
+use super::ops::{WriteOp, WriteOutcome, Written};
+use super::prepared::Conn;
+use super::{Appended, BatchJob, Unfinished, WrittenBatch};
+
+macro_rules! append_if_unchanged_sql {
+    ($lock:literal) => {
+        concat!(
+            "WITH conv AS (
+  SELECT c.conv_id, date_trunc('milliseconds', now()) AS now FROM conversations c
+   WHERE c.conv_id = $16 AND c.next_seq = $2[1] AND c.member_version = $18 AND c.status <> 'dismissed'
+     AND c.mute_all = $19 AND c.join_mode = $20 AND c.delivery_mode = $21
+     AND ($22::timestamptz IS NULL OR date_trunc('milliseconds', now()) >= $22)
+     AND ($23::timestamptz IS NULL OR date_trunc('milliseconds', now()) < $23)
+     AND NOT EXISTS (
+       SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
+         SELECT 1 FROM events WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key LIMIT 1) e)
+     AND (c.min_seq = 1 OR NOT EXISTS (
+       SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
+         SELECT 1 FROM idem_tombstones WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key LIMIT 1) t))
+   FOR NO KEY UPDATE",
+            $lock,
+            "),
+appended AS (
+  INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
+                      body, subject_user, actor, reason, change, target_seq, recalled, created_at)
+  SELECT e.*, conv.now
+    FROM conv, unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
+                      $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[]) AS e),
+moved AS (
+  UPDATE conversations c SET next_seq = $17, last_event_at = conv.now FROM conv WHERE c.conv_id = conv.conv_id)
+SELECT now FROM conv"
+        )
+    };
+}
+pub(super) const APPEND_IF_UNCHANGED: &str = append_if_unchanged_sql!("");
+pub(super) const APPEND_IF_UNCHANGED_SKIP_LOCKED: &str = append_if_unchanged_sql!(" SKIP LOCKED");
+
+/// A batch checked against its cache: what it appends if the guard holds.
+pub(super) struct Plan {
+    builder: BatchBuilder,
+    outcomes: Vec<WriteOutcome>,
+    member_version: i64,
+    /// The transaction's time must be at or after this…
+    not_before: Option<DateTime<Utc>>,
+    /// …and before this, for the checks to answer as they did.
+    not_after: Option<DateTime<Utc>>,
+}
+
+/// Checks `job` against its cache alone: a plan when the cache remembers the
+/// row, knows every sender, and every op is a send that appends.
+pub(super) fn plan(job: &BatchJob) -> Option<Plan> {
+    let cache = &job.cache;
+    let row = cache.row.as_ref().filter(|r| cache.member_version == Some(r.member_version))?;
+    let now = Utc::now().duration_trunc(TimeDelta::milliseconds(1)).ok()?;
+    let mut builder = BatchBuilder::new(&job.conv, &ConvRow { now, ..row.clone() });
+    let (mut not_before, mut not_after) = (None::<DateTime<Utc>>, None::<DateTime<Utc>>);
+    let mut outcomes = Vec::with_capacity(job.ops.len());
+    let no_prior = HashMap::new();
+    for op in &job.ops {
+        let WriteOp::Send(send) = op else { return None };
+        let standing = cache.roster.get(&send.sender)?;
+        let outcome = builder.send(send, &no_prior, &cache.roster);
+        if !matches!(outcome, Ok(Written::Sent(_))) {
+            return None;
+        }
+        for bound in [standing.mute_until, standing.role_until].into_iter().flatten() {
+            if bound <= now {
+                not_before = not_before.max(Some(bound));
+            } else {
+                not_after = Some(not_after.map_or(bound, |t| t.min(bound)));
+            }
+        }
+        outcomes.push(outcome);
+    }
+    Some(Plan { builder, outcomes, member_version: row.member_version, not_before, not_after })
+}
+
+/// Runs `plan` in one round trip. `Ok(None)`: the row was not as remembered
+/// (or, with `SkipLocked`, held elsewhere); nothing was written.
+pub(super) async fn commit_plan(
+    conn: Conn<'_>,
+    plan: Plan,
+    mode: LockMode,
+) -> Result<Option<WrittenBatch>, Unfinished> {
+    let Plan { mut builder, mut outcomes, member_version, not_before, not_after } = plan;
+    let statement = match mode {
+        LockMode::Wait => &conn.prepared.append_if_unchanged,
+        LockMode::SkipLocked => &conn.prepared.append_if_unchanged_skip_locked,
+    };
+    let appended = async {
+        let mut cols = EventColumns::default();
+        cols.push_all(&builder);
+        let b = &builder;
+        let (join_mode, delivery_mode) = (b.join_mode.as_str(), b.delivery_mode.as_str());
+        let conv: [&(dyn ToSql + Sync); 8] = [
+            &b.conv.as_str(),
+            &b.next_seq,
+            &member_version,
+            &b.mute_all,
+            &join_mode,
+            &delivery_mode,
+            &not_before,
+            &not_after,
+        ];
+        conn.client.query_opt(statement, &[&cols.params()[..], &conv].concat()).await
+    };
+    let (begun, appended, committed) = futures_util::join!(
+        conn.client.batch_execute("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"),
+        appended,
+        conn.client.batch_execute("COMMIT")
+    );
+    let now: DateTime<Utc> = match (begun, appended) {
+        (Err(e), _) => return Err(Unfinished::Unknown(e.into())),
+        (Ok(()), Err(e)) if e.as_db_error().is_some() => return Err(Unfinished::RolledBack(e.into())),
+        (Ok(()), Err(e)) => return Err(Unfinished::Unknown(e.into())),
+        (Ok(()), Ok(None)) => return Ok(None),
+        (Ok(()), Ok(Some(row))) => row.get(0),
+    };
+    committed.map_err(|e| Unfinished::Unknown(e.into()))?;
+    // The checks ran at the local time; the events carry the transaction's.
+    for e in &mut builder.events {
+        e.created_at = now;
+    }
+    for outcome in &mut outcomes {
+        if let Ok(Written::Sent(ack)) = outcome {
+            ack.created_at = now;
+        }
+    }
+    let appended = Appended {
+        conv_id: builder.conv.clone(),
+        head: builder.next_seq - 1,
+        events: builder.events,
+        delivery_mode: builder.delivery_mode,
+    };
+    Ok(Some(WrittenBatch { outcomes, appended }))
+}
+
+/// Which batches the cache decides, and the time window it decides them for.
+#[cfg(test)]
+mod tests {
+    use chrono::{Duration, Utc};
+    use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+    use serde_json::json;
+
+    use super::super::lookup::ConvRow;
+    use super::super::ops::{LeaveOp, SendOp, WriteOp};
+    use super::super::{BatchJob, ConvCache, Roster};
+    use super::plan;
+    use crate::domain::{Body, DeliveryMode, JoinMode, LeaveReason, Role, Standing};
+
+    fn uid(s: &str) -> UserId {
+        UserId::parse(s).expect("id")
+    }
+
+    fn send(user: &str, key: &str) -> WriteOp {
+        WriteOp::Send(SendOp {
+            sender: uid(user),
+            device: DeviceId::parse("d").expect("id"),
+            client_msg_id: ClientMsgId::parse(key).expect("id"),
+            body: Body::parse(&json!({"type": "text", "text": "hi"}), 1024).expect("body"),
+        })
+    }
+
+    /// A warm cache: the row as of seq 9, and the standings of `roster`.
+    fn job(mute_all: bool, roster: &[(&str, Standing)], ops: Vec<WriteOp>) -> BatchJob {
+        let row = ConvRow {
+            group: true,
+            dismissed: false,
+            next_seq: 10,
+            member_version: 3,
+            member_count: 3,
+            max_member: 100,
+            mute_all,
+            join_mode: JoinMode::Invite,
+            delivery_mode: DeliveryMode::Push,
+            now: Utc::now(),
+            recall_window_ms: 120_000,
+        };
+        let mut known = Roster::default();
+        for (u, standing) in roster {
+            known.insert(uid(u), standing.clone());
+        }
+        let cache = ConvCache { member_version: Some(3), roster: known, row: Some(row) };
+        BatchJob { conv: ConvId::parse("g").expect("id"), cache, ops }
+    }
+
+    #[test]
+    fn sends_of_known_members_are_planned_at_the_next_seqs_with_their_replay_inside_the_batch() {
+        let member = Standing::new(Role::Member);
+        let j = job(
+            false,
+            &[("m", member.clone()), ("n", member)],
+            vec![send("m", "k1"), send("n", "k1"), send("m", "k1")],
+        );
+        let p = plan(&j).expect("a plan");
+        let seqs: Vec<i64> = p.builder.events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [10, 11], "the repeated key answers from the batch, appending nothing");
+        assert_eq!((p.builder.next_seq, p.outcomes.len()), (12, 3));
+        assert_eq!((p.member_version, p.not_before, p.not_after), (3, None, None));
+    }
+
+    #[test]
+    fn a_cold_or_stale_cache_an_unknown_sender_a_refusal_or_another_op_takes_the_full_path() {
+        let member = Standing::new(Role::Member);
+        let mut cold = job(false, &[("m", member.clone())], vec![send("m", "k")]);
+        cold.cache.row = None;
+        assert!(plan(&cold).is_none(), "no remembered row");
+        let mut stale = job(false, &[("m", member.clone())], vec![send("m", "k")]);
+        stale.cache.member_version = Some(4);
+        assert!(plan(&stale).is_none(), "the roster is of another member_version than the row");
+        assert!(plan(&job(false, &[("m", member.clone())], vec![send("x", "k")])).is_none(), "sender not known");
+        assert!(plan(&job(true, &[("m", member.clone())], vec![send("m", "k")])).is_none(), "muted group");
+        let leave = WriteOp::Leave(LeaveOp { user: uid("m"), actor: uid("m"), reason: LeaveReason::Left });
+        assert!(plan(&job(false, &[("m", member)], vec![send("m", "k"), leave])).is_none(), "not only sends");
+    }
+
+    #[test]
+    fn every_time_a_check_compared_with_bounds_the_transaction_time_on_its_side() {
+        let now = Utc::now();
+        let (ended, ends) = (now - Duration::minutes(5), now + Duration::minutes(5));
+        let was_muted = Standing { mute_until: Some(ended), ..Standing::new(Role::Member) };
+        let temporary = Standing { role_until: Some(ends), ..Standing::new(Role::Admin) };
+        let ops = vec![send("m", "k1"), send("a", "k2")];
+        let p = plan(&job(true, &[("m", Standing::new(Role::Owner)), ("a", temporary.clone())], ops)).expect("plan");
+        assert_eq!((p.not_before, p.not_after), (None, Some(ends)), "the admin may send under mute_all until then");
+        let p = plan(&job(false, &[("m", was_muted), ("a", temporary)], vec![send("m", "k1"), send("a", "k2")]))
+            .expect("plan");
+        assert_eq!((p.not_before, p.not_after), (Some(ended), Some(ends)));
+        let muted = Standing { mute_until: Some(ends), ..Standing::new(Role::Admin) };
+        assert!(plan(&job(false, &[("m", muted)], vec![send("m", "k")])).is_none(), "a refused send is not planned");
+    }
+}
