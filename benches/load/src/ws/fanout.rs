@@ -297,11 +297,15 @@ async fn report(
         // One sync in flight per device, one more if heads came meanwhile:
         // a burst of heads costs one sync (plus its pages).
         run["pull_syncs"] = json!({"head_pushes": measure.heads.load(Ordering::Relaxed),
-                                   "syncs": measure.syncs.load(Ordering::Relaxed)});
+                                   "syncs": measure.syncs.load(Ordering::Relaxed),
+                                   "syncs_refused_and_retried": measure.syncs_refused.load(Ordering::Relaxed)});
     }
     let pull_syncs = match &run["pull_syncs"] {
         Value::Null => String::new(),
-        s => format!("  head pushes {} -> syncs {}", s["head_pushes"], s["syncs"]),
+        s => format!(
+            "  head pushes {} -> syncs {} (refused and retried {})",
+            s["head_pushes"], s["syncs"], s["syncs_refused_and_retried"]
+        ),
     };
     eprintln!(
         "fanout {:<4} M={m:<6} {:.0} msg/s x {n}: last device {}  complete {complete}/{n}  devices {devices_complete}/{m}  \

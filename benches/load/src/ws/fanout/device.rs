@@ -1,14 +1,17 @@
 //! The member devices of the fan-out scenario, online across the runs of one
 //! server, and what they record into: the message currently measured. Push
 //! mode: events arrive in pushes. Pull mode: a coalesced `head` push, then
-//! `sync` (one in flight per device, again if the head moved meanwhile).
+//! `sync` (one in flight per device, again if the head moved meanwhile, and
+//! after a short backoff if the server refused it).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use crate::ws::frame::FrameIn;
 use imcore_client::Ws;
 use serde_json::json;
+use tokio::time::Instant;
 
 use crate::ws::provision::now_us;
 
@@ -33,6 +36,8 @@ pub struct Measure {
     /// Pull mode: `head` pushes received, and the syncs they prompted.
     pub heads: AtomicU64,
     pub syncs: AtomicU64,
+    /// Syncs the server refused (it sheds load with `OVERLOADED`), each retried.
+    pub syncs_refused: AtomicU64,
 }
 
 impl Measure {
@@ -53,6 +58,7 @@ impl Measure {
             deliveries: AtomicU64::new(0),
             heads: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            syncs_refused: AtomicU64::new(0),
         }
     }
 
@@ -105,13 +111,29 @@ struct Run {
     dirty: bool,
 }
 
+/// How long a device waits before sending a refused sync again.
+const SYNC_RETRY: Duration = Duration::from_millis(100);
+
 /// Member device `index`: records arrivals until its connection ends; an
 /// end it did not ask for is counted in `closed`.
 pub async fn device(mut ws: Ws, index: usize, current: Current, closed: Arc<AtomicU64>) {
     let mut run: Option<Run> = None;
     let mut next_id = 1u64;
+    // A refused sync is sent again at this time, as a client would after a backoff.
+    let mut retry_at: Option<Instant> = None;
     loop {
-        let Ok(text) = ws.next_text().await else {
+        let received = match retry_at {
+            Some(at) => tokio::time::timeout_at(at, ws.next_text()).await,
+            None => Ok(ws.next_text().await),
+        };
+        let Ok(received) = received else {
+            retry_at = None;
+            if let Some(r) = &mut run {
+                r.syncing = sync(&mut ws, &r.measure, r.synced, &mut next_id).await;
+            }
+            continue;
+        };
+        let Ok(text) = received else {
             closed.fetch_add(1, Ordering::Relaxed);
             return;
         };
@@ -127,6 +149,11 @@ pub async fn device(mut ws: Ws, index: usize, current: Current, closed: Arc<Atom
         if f.id.is_some() {
             // A sync answer.
             r.syncing = false;
+            if f.ok == Some(false) {
+                m.syncs_refused.fetch_add(1, Ordering::Relaxed);
+                retry_at = Some(Instant::now() + SYNC_RETRY);
+                continue;
+            }
             for n in events.filter_map(|e| e.body.and_then(|b| b.n)) {
                 m.arrived(index, &mut r.next, n, now);
             }
