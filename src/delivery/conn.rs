@@ -1,13 +1,14 @@
 //! A connection as delivery sees it: where its pushes go, and how one that
 //! cannot keep up is closed without its session's help.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use actix::dev::SendError;
 use actix::{Message, Recipient};
 use imcore_actors::registry::{ConnId, RouteRegistry};
-use imcore_actors::{DeviceId, UserId};
+use imcore_actors::{ConvId, DeviceId, UserId};
 
 use crate::budget::{MemoryBudget, Permit};
 use crate::metrics::metrics;
@@ -19,6 +20,9 @@ pub enum Push {
     /// A JSON text frame, encoded once for all its recipients, and its bytes
     /// of the memory budget, given back once the session wrote or dropped it.
     Frame(Arc<str>, Permit),
+    /// A `pull`-mode conversation advanced: write a `head` push with the
+    /// newest head [`PendingHeads`] holds for it (and its budget bytes).
+    Head(ConvId, Permit),
     /// The connection's mailbox overflowed: close it (1013), the client resyncs.
     Overflowed,
     /// Close the connection after telling it why (`kicked` push).
@@ -42,6 +46,38 @@ impl KickReason {
     }
 }
 
+/// The heads of `pull`-mode conversations not yet written to a connection,
+/// shared by delivery and its session. A burst of batches queues one
+/// [`Push::Head`] per conversation, and the session writes the last head
+/// when it gets to it: a connection behind on its queue is told once.
+#[derive(Debug, Default)]
+pub struct PendingHeads(Mutex<HashMap<ConvId, i64>>);
+
+impl PendingHeads {
+    /// Records `head`; `true` if no push for `conv` is queued (the caller queues one).
+    fn offer(&self, conv: &ConvId, head: i64) -> bool {
+        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match pending.get_mut(conv) {
+            Some(newest) => {
+                *newest = (*newest).max(head);
+                false
+            }
+            None => {
+                pending.insert(conv.clone(), head);
+                true
+            }
+        }
+    }
+
+    /// The head to write for `conv` now.
+    pub fn take(&self, conv: &ConvId) -> Option<i64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(conv)
+    }
+}
+
+/// Budget bytes of one queued `head` push (its frame is written later).
+const HEAD_FRAME_BYTES: usize = 96;
+
 /// A live connection as the route registry holds it.
 #[derive(Debug, Clone)]
 pub struct Conn {
@@ -51,6 +87,7 @@ pub struct Conn {
     pub push: Arc<Recipient<Push>>,
     overflow: Arc<Overflow>,
     budget: Arc<MemoryBudget>,
+    heads: Arc<PendingHeads>,
 }
 
 /// What an overflow must undo without the session's help.
@@ -73,17 +110,16 @@ struct Overflow {
 
 impl Conn {
     /// The connection `conn_id` of `user`'s `device`, registered in `routes`;
-    /// its queued pushes are paid from `budget`.
+    /// its queued pushes are paid from `budget`; its session writes `heads`.
     pub fn new(
         push: Recipient<Push>,
         routes: &Arc<Routes>,
         budget: Arc<MemoryBudget>,
-        user: UserId,
-        device: DeviceId,
-        conn_id: ConnId,
+        heads: Arc<PendingHeads>,
+        (user, device, conn_id): (UserId, DeviceId, ConnId),
     ) -> Self {
         let overflow = Overflow { seen: AtomicBool::new(false), routes: Arc::downgrade(routes), user, device, conn_id };
-        Self { push: Arc::new(push), overflow: Arc::new(overflow), budget }
+        Self { push: Arc::new(push), overflow: Arc::new(overflow), budget, heads }
     }
 
     /// Never waits. The frame's bytes are taken from the memory budget for
@@ -101,7 +137,24 @@ impl Conn {
         let Some(permit) = self.budget.try_acquire(frame.len()) else {
             return self.overflowed("over_budget");
         };
-        match self.push.try_send(Push::Frame(frame, permit)) {
+        self.queue(Push::Frame(frame, permit));
+    }
+
+    /// Tells the connection that `pull`-mode `conv` is at `head`: queues a
+    /// [`Push::Head`] unless one for `conv` is queued already, which then
+    /// carries this head. Never waits; overflows like [`Conn::send`].
+    pub fn send_head(&self, conv: &ConvId, head: i64) {
+        if self.overflow.seen.load(Ordering::Relaxed) || !self.heads.offer(conv, head) {
+            return;
+        }
+        let Some(permit) = self.budget.try_acquire(HEAD_FRAME_BYTES) else {
+            return self.overflowed("over_budget");
+        };
+        self.queue(Push::Head(conv.clone(), permit));
+    }
+
+    fn queue(&self, push: Push) {
+        match self.push.try_send(push) {
             Ok(()) | Err(SendError::Closed(_)) => {}
             Err(SendError::Full(_)) => self.overflowed("overflowed"),
         }
@@ -128,3 +181,59 @@ impl Conn {
 }
 
 pub type Routes = RouteRegistry<Conn>;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use actix::{Actor, Context, Handler};
+    use imcore_actors::registry::{ConnId, RouteRegistry};
+    use imcore_actors::{ConvId, DeviceId, UserId};
+
+    use super::{Conn, PendingHeads, Push};
+    use crate::budget::MemoryBudget;
+
+    /// Writes a `head` push as the session does: the newest pending head.
+    struct Session {
+        heads: Arc<PendingHeads>,
+        written: Arc<Mutex<Vec<(String, i64)>>>,
+    }
+
+    impl Actor for Session {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Push> for Session {
+        type Result = ();
+        fn handle(&mut self, push: Push, _: &mut Context<Self>) {
+            if let Push::Head(conv, _) = push {
+                if let Some(head) = self.heads.take(&conv) {
+                    self.written.lock().expect("written").push((conv.to_string(), head));
+                }
+            }
+        }
+    }
+
+    #[actix::test]
+    async fn heads_queued_behind_a_busy_session_are_written_once_per_conversation_with_the_newest() {
+        let heads = Arc::new(PendingHeads::default());
+        let written = Arc::new(Mutex::new(vec![]));
+        // Started but not yet run: every push below waits in its mailbox, as
+        // behind a session busy with other work.
+        let session = Session { heads: heads.clone(), written: written.clone() }.start();
+        let routes = Arc::new(RouteRegistry::new());
+        let ids =
+            (UserId::parse("u").expect("id"), DeviceId::parse("d").expect("id"), ConnId::from_cluster_sequence(1));
+        let conn = Conn::new(session.recipient(), &routes, MemoryBudget::new(1 << 20), heads, ids);
+        let (a, b) = (ConvId::parse("a").expect("id"), ConvId::parse("b").expect("id"));
+        for (conv, head) in [(&a, 5), (&b, 3), (&a, 7), (&a, 6), (&b, 4)] {
+            conn.send_head(conv, head);
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        conn.send_head(&a, 8);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let written = written.lock().expect("written").clone();
+        assert_eq!(written, [("a".to_owned(), 7), ("b".to_owned(), 4), ("a".to_owned(), 8)]);
+    }
+}

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::presence::{Batch, Loaded, Presence, Step};
 use super::Routes;
 use crate::domain::{DeliveryMode, Event, EventKind};
-use crate::protocol::{encode_event, push_encoded_events, push_head};
+use crate::protocol::{encode_event, push_encoded_events};
 use crate::store::{Appended, Membership};
 
 /// A committed batch, shared by the lanes.
@@ -218,10 +218,9 @@ impl Lane {
             }
         }
         if a.delivery_mode == DeliveryMode::Pull {
-            let frame: Arc<str> = push_head(a.conv_id.as_str(), a.head).into();
             for user in groups.into_values().flatten() {
                 for (_, route) in self.routes.routes_of(&user) {
-                    route.recipient.send(frame.clone());
+                    route.recipient.send_head(&a.conv_id, a.head);
                 }
             }
             return;

@@ -42,7 +42,7 @@ use tokio::sync::oneshot;
 use crate::config::DeliverySettings;
 use crate::metrics::metrics;
 use crate::store::{Appended, Membership};
-pub use conn::{Conn, KickReason, Push, Routes};
+pub use conn::{Conn, KickReason, PendingHeads, Push, Routes};
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
 pub use order::REORDER_WAIT;
 use order::{Admitted, Reorder};

@@ -34,6 +34,7 @@
 use std::cell::Cell;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -51,9 +52,9 @@ use super::error::ApiError;
 use super::ops::{self, Reply};
 use super::request::Request;
 use super::{auth, AppState};
-use crate::delivery::{Conn, KickReason, Push};
+use crate::delivery::{Conn, KickReason, PendingHeads, Push};
 use crate::metrics::metrics;
-use crate::protocol::{push_kicked, ErrorCode};
+use crate::protocol::{push_head, push_kicked, ErrorCode};
 use crate::store::TokenOwner;
 
 /// `GET /v1/ws`: authenticates before upgrading (401 otherwise).
@@ -88,6 +89,7 @@ pub async fn upgrade(
         closing: None,
         fragments: None,
         oversized,
+        heads: Arc::default(),
     };
     // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
     let response = ws::WsResponseBuilder::new(session, &req, stream)
@@ -117,6 +119,8 @@ pub struct WsSession {
     /// Set by [`FrameLimit`] when a frame header announced more than
     /// `ws_max_frame_bytes`: the error that follows closes with 1009.
     oversized: Rc<Cell<bool>>,
+    /// `pull`-mode heads delivery queued for this connection (`Push::Head`).
+    heads: Arc<PendingHeads>,
 }
 
 impl Actor for WsSession {
@@ -135,9 +139,8 @@ impl Actor for WsSession {
                 recipient,
                 routes,
                 self.state.budget.clone(),
-                self.owner.user_id.clone(),
-                self.owner.device_id.clone(),
-                self.conn_id,
+                self.heads.clone(),
+                (self.owner.user_id.clone(), self.owner.device_id.clone(), self.conn_id),
             ),
         ) {
             Registered::New => self.state.delivery.claim(&self.owner.user_id, &self.owner.device_id, self.conn_id),
@@ -405,6 +408,11 @@ impl Handler<Push> for WsSession {
         match push {
             // Copied into the write buffer: the budget's bytes go back here.
             Push::Frame(frame, _permit) => ctx.text(&*frame),
+            Push::Head(conv, _permit) => {
+                if let Some(head) = self.heads.take(&conv) {
+                    ctx.text(push_head(conv.as_str(), head));
+                }
+            }
             // Counted, and the route removed, when the overflow was found (`Conn::send`).
             Push::Overflowed => {
                 ctx.close(Some(CloseReason {
