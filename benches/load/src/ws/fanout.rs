@@ -99,17 +99,15 @@ pub struct Params<'a> {
     pub messages: usize,
 }
 
-/// One run: the group, its devices online, the sends, the report.
+/// One run (its group made by [`create_group`]): its devices online, the
+/// sends, the report.
 pub async fn run(server: &Server, pg: &Pg, db: &Store, devs: &mut Devices, p: &Params<'_>) -> Result<Value, BoxError> {
     let m = p.members.min(devs.users.len());
-    let conv = format!("fan-{}-{m}", p.mode);
-    create_group(server, db, devs, p, m, &conv).await?;
+    let conv = group_id(p, m);
     let connect_started = Instant::now();
     devs.online_up_to(server.port, m).await?;
     let connect_s = connect_started.elapsed().as_secs_f64();
     let mut sender = provision::connect_retry(server.port, provision::source_addr(0, 1), &devs.sender_token).await?;
-    // Let creation pushes drain before measuring.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let measure = Arc::new(Measure::new(conv.clone(), m as i64, p.messages, m, p.mode == "pull"));
     devs.measure(Some(measure.clone()))?;
     let cpu = CpuWindow::start(server, pg);
@@ -125,16 +123,19 @@ pub async fn run(server: &Server, pg: &Pg, db: &Store, devs: &mut Devices, p: &P
     report(server, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed }).await
 }
 
-/// `create_conversation` takes at most 1,000 listed members and there is no
-/// `invite` op yet: larger groups are created in the store directly.
-async fn create_group(
-    server: &Server,
-    db: &Store,
-    devs: &Devices,
-    p: &Params<'_>,
-    m: usize,
-    conv: &str,
-) -> Result<(), BoxError> {
+fn group_id(p: &Params<'_>, m: usize) -> String {
+    format!("fan-{}-{m}", p.mode)
+}
+
+/// The group of run `p`. Every group is made before any device comes
+/// online: a live connection learns of a group from its join events, which
+/// one made in the store directly never publishes. `create_conversation`
+/// takes at most 1,000 listed members, and inviting the rest would push every
+/// join to every member: larger groups are created in the store directly.
+pub async fn create_group(server: &Server, db: &Store, devs: &Devices, p: &Params<'_>) -> Result<(), BoxError> {
+    let m = p.members.min(devs.users.len());
+    let conv = group_id(p, m);
+    let conv = conv.as_str();
     if m <= 1000 {
         provision::create_group(
             server.port,

@@ -334,11 +334,16 @@ async fn fan_out(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
         let mut runs = vec![];
         let mut members = a.fanout_members.clone();
         members.sort_unstable();
-        for &m in &members {
-            for mode in &a.fanout_modes {
-                let p = fanout::Params { members: m, mode, rate: a.fanout_rate, messages: a.fanout_messages };
-                runs.push(fanout::run(server, &ctx.pg, db, &mut devs, &p).await?);
-            }
+        let params: Vec<fanout::Params> = members
+            .iter()
+            .flat_map(|&m| a.fanout_modes.iter().map(move |mode| (m, mode)))
+            .map(|(members, mode)| fanout::Params { members, mode, rate: a.fanout_rate, messages: a.fanout_messages })
+            .collect();
+        for p in &params {
+            fanout::create_group(server, db, &devs, p).await?;
+        }
+        for p in &params {
+            runs.push(fanout::run(server, &ctx.pg, db, &mut devs, p).await?);
         }
         devs.close();
         Ok::<_, BoxError>(runs)
