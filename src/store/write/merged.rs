@@ -16,7 +16,9 @@ use std::sync::Arc;
 use super::lookup::{lock_and_read, LockMode};
 use super::prepared::Conn;
 use super::txn::WriteTx;
-use super::{append_and_commit, apply_batches, in_one_trip, BatchJob, ConvCache, Phase, Unfinished, WrittenBatch};
+use super::{
+    append_and_commit, apply_batches, in_one_trip, one_trip, BatchJob, ConvCache, Phase, Unfinished, WrittenBatch,
+};
 use crate::store::{PooledClient, Store, StoreError};
 
 /// What became of one job of a merged transaction.
@@ -71,14 +73,38 @@ async fn merged_on(conn: &PooledClient, mut jobs: Vec<BatchJob>, phase: &mut Pha
     };
     phase.end("pool");
     let conn = Conn { client: conn, prepared };
-    if let [job] = &mut jobs[..] {
-        match in_one_trip(conn, job, LockMode::SkipLocked, phase).await {
-            Ok(Some(written)) => return vec![Share::Committed(written, std::mem::take(&mut job.cache))],
-            Ok(None) => {}
-            Err(Unfinished::RolledBack(e)) => return rolled_back(jobs, e),
-            Err(Unfinished::Unknown(e)) => return vec![Share::Unknown(Arc::new(e))],
+    // One round trip only when it can take every batch: the batches it
+    // leaves would cost a transaction of their own, and the merged full
+    // path takes them all in one.
+    let Some(plans) = jobs.iter().map(one_trip::plan).collect::<Option<Vec<_>>>() else {
+        return full_path(conn, jobs, phase).await;
+    };
+    let done = match in_one_trip(conn, &mut jobs, plans, LockMode::SkipLocked, phase).await {
+        Ok(done) => done,
+        Err(Unfinished::RolledBack(e)) => return rolled_back(jobs, e),
+        Err(Unfinished::Unknown(e)) => {
+            let e = Arc::new(e);
+            return jobs.iter().map(|_| Share::Unknown(e.clone())).collect();
+        }
+    };
+    // Those the guard declined (changed elsewhere, or held): the full path,
+    // then every share in the order of `jobs`.
+    let (mut shares, mut rest) = (vec![], vec![]);
+    for (job, written) in jobs.into_iter().zip(done) {
+        match written {
+            Some(w) => shares.push(Some(Share::Committed(w, job.cache))),
+            None => {
+                shares.push(None);
+                rest.push(job);
+            }
         }
     }
+    let mut rest = if rest.is_empty() { vec![] } else { full_path(conn, rest, phase).await }.into_iter();
+    shares.into_iter().map(|share| share.or_else(|| rest.next())).collect::<Option<_>>().unwrap_or_default()
+}
+
+/// The merged transaction of `jobs`: lock and reads, then append.
+async fn full_path(conn: Conn<'_>, mut jobs: Vec<BatchJob>, phase: &mut Phase) -> Vec<Share> {
     let tx = WriteTx::new(conn);
     let mut reads = match lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::SkipLocked).await {
         Ok(reads) => reads,

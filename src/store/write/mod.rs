@@ -186,12 +186,15 @@ async fn write_on(
     let prepared = conn.prepared().await?;
     phase.end("pool");
     let conn = Conn { client: conn, prepared };
-    let mut job = job;
-    if let Some(written) = in_one_trip(conn, &mut job, LockMode::Wait, phase).await.map_err(Unfinished::into_error)? {
-        return Ok((written, job.cache));
+    let mut jobs = [job];
+    if let Some(plan) = one_trip::plan(&jobs[0]) {
+        let done = in_one_trip(conn, &mut jobs, vec![plan], LockMode::Wait, phase).await;
+        if let Some(written) = done.map_err(Unfinished::into_error)?.pop().flatten() {
+            let [job] = jobs;
+            return Ok((written, job.cache));
+        }
     }
     let tx = WriteTx::new(conn);
-    let mut jobs = [job];
     let reads = lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::Wait).await?;
     phase.end("lock");
     let applied = apply_batches(tx.conn(), &mut jobs, reads, phase).await?;
@@ -200,25 +203,26 @@ async fn write_on(
     Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
 }
 
-/// Commits `job` in one round trip if its cache decides it (`one_trip`),
-/// and moves the cache's row on; `None`: nothing was written, and the job
-/// takes the full path.
+/// Commits in one round trip `plans`, one per job of `jobs` (distinct
+/// conversations, `one_trip`), and moves the committed jobs' cached rows on.
+/// One entry per job: `None` when the guard declined it and nothing of it
+/// was written; it takes the full path.
 async fn in_one_trip(
     conn: Conn<'_>,
-    job: &mut BatchJob,
+    jobs: &mut [BatchJob],
+    plans: Vec<one_trip::Plan>,
     mode: LockMode,
     phase: &mut Phase,
-) -> Result<Option<WrittenBatch>, Unfinished> {
-    let Some(plan) = one_trip::plan(job) else { return Ok(None) };
-    let Some(written) = one_trip::commit_plan(conn, plan, mode).await? else {
-        phase.end("declined");
-        return Ok(None);
-    };
-    phase.end("one_trip");
-    if let Some(row) = &mut job.cache.row {
-        row.next_seq = written.appended.head + 1;
+) -> Result<Vec<Option<WrittenBatch>>, Unfinished> {
+    let mut done = Vec::with_capacity(jobs.len());
+    for (job, written) in jobs.iter_mut().zip(one_trip::commit_plans(conn, plans, mode).await?) {
+        if let (Some(row), Some(w)) = (&mut job.cache.row, &written) {
+            row.next_seq = w.appended.head + 1;
+        }
+        done.push(written);
     }
-    Ok(Some(written))
+    phase.end(if done.iter().any(Option::is_some) { "one_trip" } else { "declined" });
+    Ok(done)
 }
 
 /// Applies one conversation's `ops` inside `tx`, which the caller commits

@@ -1,5 +1,9 @@
-//! A batch in one round trip, when its conversation's cache already knows the
-//! outcome: BEGIN, one guarded statement and COMMIT, sent together.
+//! Batches in one round trip, when their conversations' caches already know
+//! the outcome: BEGIN, one guarded statement and COMMIT, sent together. One
+//! batch (a transaction of its own), or every batch of a commit-stage round
+//! when each has a plan (a round with a batch the cache cannot decide takes
+//! the merged full path as a whole: splitting it would cost a second
+//! transaction).
 //!
 //! A conversation's actor is normally its only writer, so the row as its last
 //! batch left it (kept in the cache) is the row it will lock next. A batch of
@@ -17,8 +21,9 @@
 //!   check answers the same at either time;
 //! * no event or tombstone holds a request key of the batch.
 //!
-//! Otherwise it writes nothing, the transaction commits empty, and the batch
-//! runs the full path (lock and reads, then append) on the same connection.
+//! Otherwise it writes nothing for that batch (the transaction may commit
+//! empty), which runs the full path (lock and reads, then append) on the same
+//! connection.
 //! Either way every check holds under the lock (ARCHITECTURE §3): the guard
 //! is evaluated on the locked row — a row updated while the lock was awaited
 //! is read again at its newest version, and an append by anyone else moves
@@ -40,30 +45,42 @@ use super::{Appended, BatchJob, Unfinished, WrittenBatch};
 macro_rules! append_if_unchanged_sql {
     ($lock:literal) => {
         concat!(
-            "WITH conv AS (
-  SELECT c.conv_id, date_trunc('milliseconds', now()) AS now FROM conversations c
-   WHERE c.conv_id = $16 AND c.next_seq = $2[1] AND c.member_version = $18 AND c.status <> 'dismissed'
-     AND c.mute_all = $19 AND c.join_mode = $20 AND c.delivery_mode = $21
-     AND ($22::timestamptz IS NULL OR date_trunc('milliseconds', now()) >= $22)
-     AND ($23::timestamptz IS NULL OR date_trunc('milliseconds', now()) < $23)
-     AND NOT EXISTS (
-       SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
-         SELECT 1 FROM events WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key LIMIT 1) e)
+            "WITH expected AS (
+  SELECT * FROM unnest($16::text[], $17::int8[], $18::int8[], $19::int8[], $20::bool[], $21::text[], $22::text[],
+                       $23::timestamptz[], $24::timestamptz[])
+    AS x(conv, first_seq, next_seq, member_version, mute_all, join_mode, delivery_mode, not_before, not_after)),
+taken AS MATERIALIZED (
+  SELECT k.conv FROM unnest($1::text[], $5::text[], $7::text[]) AS k(conv, sender, key), LATERAL (
+    SELECT 1 FROM events WHERE conv_id = k.conv AND sender_user = k.sender AND client_msg_id = k.key LIMIT 1) e),
+conv AS (
+  SELECT c.conv_id, x.next_seq, date_trunc('milliseconds', now()) AS now
+    FROM expected x JOIN conversations c ON c.conv_id = x.conv
+   WHERE c.next_seq = x.first_seq AND c.member_version = x.member_version AND c.status <> 'dismissed'
+     AND c.mute_all = x.mute_all AND c.join_mode = x.join_mode AND c.delivery_mode = x.delivery_mode
+     AND (x.not_before IS NULL OR date_trunc('milliseconds', now()) >= x.not_before)
+     AND (x.not_after IS NULL OR date_trunc('milliseconds', now()) < x.not_after)
+     AND c.conv_id NOT IN (SELECT conv FROM taken)
      AND (c.min_seq = 1 OR NOT EXISTS (
-       SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
-         SELECT 1 FROM idem_tombstones WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key LIMIT 1) t))
-   FOR NO KEY UPDATE",
+       SELECT 1 FROM unnest($1::text[], $5::text[], $7::text[]) AS k(conv, sender, key), LATERAL (
+         SELECT 1 FROM idem_tombstones WHERE conv_id = k.conv AND sender_user = k.sender AND client_msg_id = k.key
+          LIMIT 1) t
+        WHERE k.conv = c.conv_id))
+   ORDER BY c.conv_id
+   FOR NO KEY UPDATE OF c",
             $lock,
             "),
 appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
                       body, subject_user, actor, reason, change, target_seq, recalled, created_at)
   SELECT e.*, conv.now
-    FROM conv, unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
-                      $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[]) AS e),
+    FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
+                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[])
+         AS e(conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
+              body, subject_user, actor, reason, change, target_seq, recalled)
+    JOIN conv ON conv.conv_id = e.conv_id),
 moved AS (
-  UPDATE conversations c SET next_seq = $17, last_event_at = conv.now FROM conv WHERE c.conv_id = conv.conv_id)
-SELECT now FROM conv"
+  UPDATE conversations c SET next_seq = conv.next_seq, last_event_at = conv.now FROM conv WHERE c.conv_id = conv.conv_id)
+SELECT conv_id, now FROM conv"
         )
     };
 }
@@ -79,6 +96,29 @@ pub(super) struct Plan {
     not_before: Option<DateTime<Utc>>,
     /// …and before this, for the checks to answer as they did.
     not_after: Option<DateTime<Utc>>,
+}
+
+impl Plan {
+    /// The batch as committed at the transaction's time `now` (the checks
+    /// ran at the local time; the events carry the transaction's).
+    fn written(self, now: DateTime<Utc>) -> WrittenBatch {
+        let Plan { mut builder, mut outcomes, .. } = self;
+        for e in &mut builder.events {
+            e.created_at = now;
+        }
+        for outcome in &mut outcomes {
+            if let Ok(Written::Sent(ack)) = outcome {
+                ack.created_at = now;
+            }
+        }
+        let appended = Appended {
+            conv_id: builder.conv.clone(),
+            head: builder.next_seq - 1,
+            events: builder.events,
+            delivery_mode: builder.delivery_mode,
+        };
+        WrittenBatch { outcomes, appended }
+    }
 }
 
 /// Checks `job` against its cache alone: a plan when the cache remembers the
@@ -110,64 +150,87 @@ pub(super) fn plan(job: &BatchJob) -> Option<Plan> {
     Some(Plan { builder, outcomes, member_version: row.member_version, not_before, not_after })
 }
 
-/// Runs `plan` in one round trip. `Ok(None)`: the row was not as remembered
-/// (or, with `SkipLocked`, held elsewhere); nothing was written.
-pub(super) async fn commit_plan(
+/// Runs the `plans` (of distinct conversations) in one round trip: each
+/// commits, or (its row not as remembered, or with `SkipLocked` held
+/// elsewhere) writes nothing and comes back as `None`. In the order of
+/// `plans`.
+pub(super) async fn commit_plans(
     conn: Conn<'_>,
-    plan: Plan,
+    plans: Vec<Plan>,
     mode: LockMode,
-) -> Result<Option<WrittenBatch>, Unfinished> {
-    let Plan { mut builder, mut outcomes, member_version, not_before, not_after } = plan;
+) -> Result<Vec<Option<WrittenBatch>>, Unfinished> {
     let statement = match mode {
         LockMode::Wait => &conn.prepared.append_if_unchanged,
         LockMode::SkipLocked => &conn.prepared.append_if_unchanged_skip_locked,
     };
     let appended = async {
         let mut cols = EventColumns::default();
-        cols.push_all(&builder);
-        let b = &builder;
-        let (join_mode, delivery_mode) = (b.join_mode.as_str(), b.delivery_mode.as_str());
-        let conv: [&(dyn ToSql + Sync); 8] = [
-            &b.conv.as_str(),
-            &b.next_seq,
-            &member_version,
-            &b.mute_all,
-            &join_mode,
-            &delivery_mode,
-            &not_before,
-            &not_after,
-        ];
-        conn.client.query_opt(statement, &[&cols.params()[..], &conv].concat()).await
+        let mut x = Expected::default();
+        for p in &plans {
+            cols.push_all(&p.builder);
+            x.push(p);
+        }
+        conn.client.query(statement, &[&cols.params()[..], &x.params()[..]].concat()).await
     };
     let (begun, appended, committed) = futures_util::join!(
         conn.client.batch_execute("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"),
         appended,
         conn.client.batch_execute("COMMIT")
     );
-    let now: DateTime<Utc> = match (begun, appended) {
+    let rows = match (begun, appended) {
         (Err(e), _) => return Err(Unfinished::Unknown(e.into())),
         (Ok(()), Err(e)) if e.as_db_error().is_some() => return Err(Unfinished::RolledBack(e.into())),
         (Ok(()), Err(e)) => return Err(Unfinished::Unknown(e.into())),
-        (Ok(()), Ok(None)) => return Ok(None),
-        (Ok(()), Ok(Some(row))) => row.get(0),
+        (Ok(()), Ok(rows)) => rows,
     };
-    committed.map_err(|e| Unfinished::Unknown(e.into()))?;
-    // The checks ran at the local time; the events carry the transaction's.
-    for e in &mut builder.events {
-        e.created_at = now;
+    if !rows.is_empty() {
+        committed.map_err(|e| Unfinished::Unknown(e.into()))?;
     }
-    for outcome in &mut outcomes {
-        if let Ok(Written::Sent(ack)) = outcome {
-            ack.created_at = now;
-        }
+    let at: HashMap<&str, DateTime<Utc>> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    Ok(plans.into_iter().map(|p| at.get(p.builder.conv.as_str()).map(|&now| p.written(now))).collect())
+}
+
+/// What each plan expects of its row, as column arrays (`$16`..`$24`).
+#[derive(Default)]
+struct Expected<'a> {
+    convs: Vec<&'a str>,
+    first_seqs: Vec<i64>,
+    next_seqs: Vec<i64>,
+    member_versions: Vec<i64>,
+    mute_all: Vec<bool>,
+    join_modes: Vec<&'static str>,
+    delivery_modes: Vec<&'static str>,
+    not_before: Vec<Option<DateTime<Utc>>>,
+    not_after: Vec<Option<DateTime<Utc>>>,
+}
+
+impl<'a> Expected<'a> {
+    fn push(&mut self, p: &'a Plan) {
+        let b = &p.builder;
+        self.convs.push(b.conv.as_str());
+        self.first_seqs.push(b.first_seq);
+        self.next_seqs.push(b.next_seq);
+        self.member_versions.push(p.member_version);
+        self.mute_all.push(b.mute_all);
+        self.join_modes.push(b.join_mode.as_str());
+        self.delivery_modes.push(b.delivery_mode.as_str());
+        self.not_before.push(p.not_before);
+        self.not_after.push(p.not_after);
     }
-    let appended = Appended {
-        conv_id: builder.conv.clone(),
-        head: builder.next_seq - 1,
-        events: builder.events,
-        delivery_mode: builder.delivery_mode,
-    };
-    Ok(Some(WrittenBatch { outcomes, appended }))
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 9] {
+        [
+            &self.convs,
+            &self.first_seqs,
+            &self.next_seqs,
+            &self.member_versions,
+            &self.mute_all,
+            &self.join_modes,
+            &self.delivery_modes,
+            &self.not_before,
+            &self.not_after,
+        ]
+    }
 }
 
 /// Which batches the cache decides, and the time window it decides them for.

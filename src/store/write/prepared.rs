@@ -53,9 +53,18 @@ impl Prepared {
             T::TEXT_ARRAY,
             T::INT8_ARRAY,
         ];
-        let guarded =
-            [&append[..15], &[T::TEXT, T::INT8, T::INT8, T::BOOL, T::TEXT, T::TEXT, T::TIMESTAMPTZ, T::TIMESTAMPTZ]]
-                .concat();
+        let expected = [
+            T::TEXT_ARRAY,
+            T::INT8_ARRAY,
+            T::INT8_ARRAY,
+            T::INT8_ARRAY,
+            T::BOOL_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::TIMESTAMPTZ_ARRAY,
+            T::TIMESTAMPTZ_ARRAY,
+        ];
+        let guarded = [&append[..15], &expected].concat();
         let (
             lock,
             lock_skip_locked,

@@ -164,7 +164,9 @@ async fn stalled_backend(c: &tokio_postgres::Client, condition: &str) -> Option<
 }
 
 /// The writer's transaction waiting for a conversation row lock.
-const WAITING_FOR_ROW_LOCK: &str = "wait_event_type = 'Lock' AND query LIKE '%FOR NO KEY UPDATE%'";
+/// (A row lock is waited for as the holder's transaction id or the tuple; the
+/// query text is no help: `pg_stat_activity` cuts long statements short.)
+const WAITING_FOR_ROW_LOCK: &str = "wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')";
 
 use eviction::eviction_races;
 use faults::{killed_mid_batch, overload_sheds, Stall};
