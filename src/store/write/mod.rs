@@ -40,7 +40,7 @@ use imcore_actors::{ConvId, UserId};
 use tokio_postgres::Transaction;
 
 use super::{PooledClient, Store, StoreError};
-use crate::domain::{DeliveryMode, Event, Rejection, Standing};
+use crate::domain::{DeliveryMode, Event, Rejection, Role, Standing};
 use append::append_events;
 use batch::BatchBuilder;
 use lookup::{lock_and_read, read_standings, settle_standings, ConvRow, LockMode, Reads};
@@ -105,7 +105,7 @@ impl Roster {
         self.known.insert(user.clone(), None);
     }
 
-    fn knows(&self, user: &UserId) -> bool {
+    pub(super) fn knows(&self, user: &UserId) -> bool {
         self.known.contains_key(user)
     }
 
@@ -215,9 +215,15 @@ async fn in_one_trip(
     phase: &mut Phase,
 ) -> Result<Vec<Option<WrittenBatch>>, Unfinished> {
     let mut done = Vec::with_capacity(jobs.len());
-    for (job, written) in jobs.iter_mut().zip(one_trip::commit_plans(conn, plans, mode).await?) {
+    let assumed: Vec<Vec<UserId>> = plans.iter().map(|p| p.assumed.clone()).collect();
+    let committed = one_trip::commit_plans(conn, plans, mode).await?;
+    for ((job, written), assumed) in jobs.iter_mut().zip(committed).zip(assumed) {
         if let (Some(row), Some(w)) = (&mut job.cache.row, &written) {
             row.next_seq = w.appended.head + 1;
+            // The guard found them plain members.
+            for user in assumed {
+                job.cache.roster.insert(user, Standing::new(Role::Member));
+            }
         }
         done.push(written);
     }

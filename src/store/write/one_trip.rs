@@ -7,8 +7,9 @@
 //!
 //! A conversation's actor is normally its only writer, so the row as its last
 //! batch left it (kept in the cache) is the row it will lock next. A batch of
-//! sends whose senders the roster knows is checked against that remembered
-//! row in Rust, with the rules of the full path (`send`), at the local time.
+//! sends is checked against that remembered row in Rust, with the rules of
+//! the full path (`send`), at the local time, each sender as the roster knows
+//! it or, unknown to it, taken to be a plain member.
 //! If every send would append, the statement appends them — but only if, once
 //! it holds the row lock, the row still is what the checks read and no
 //! request key of the batch is taken:
@@ -19,7 +20,8 @@
 //! * the transaction's time lies on the same side as the local time of every
 //!   `mute_until` and `role_until` the checks compared it with, so each
 //!   check answers the same at either time;
-//! * no event or tombstone holds a request key of the batch.
+//! * no event or tombstone holds a request key of the batch;
+//! * each sender taken to be a plain member is one (no mute, no extra bits).
 //!
 //! Otherwise it writes nothing for that batch (the transaction may commit
 //! empty), which runs the full path (lock and reads, then append) on the same
@@ -30,9 +32,11 @@
 //! its `next_seq`, so a lookup under the statement's snapshot misses nothing
 //! committed since.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use imcore_actors::UserId;
 use tokio_postgres::types::ToSql;
 
 use super::append::EventColumns;
@@ -40,7 +44,8 @@ use super::batch::BatchBuilder;
 use super::lookup::{ConvRow, LockMode};
 use super::ops::{WriteOp, WriteOutcome, Written};
 use super::prepared::Conn;
-use super::{Appended, BatchJob, Unfinished, WrittenBatch};
+use super::{Appended, BatchJob, Unfinished, WrittenBatch, ROSTER_CACHE_USERS};
+use crate::domain::{Role, Standing};
 
 macro_rules! append_if_unchanged_sql {
     ($lock:literal) => {
@@ -60,6 +65,11 @@ conv AS (
      AND (x.not_before IS NULL OR date_trunc('milliseconds', now()) >= x.not_before)
      AND (x.not_after IS NULL OR date_trunc('milliseconds', now()) < x.not_after)
      AND c.conv_id NOT IN (SELECT conv FROM taken)
+     AND NOT EXISTS (
+       SELECT 1 FROM unnest($25::text[], $26::text[]) AS a(conv, u)
+        WHERE a.conv = c.conv_id AND NOT EXISTS (
+          SELECT 1 FROM members m WHERE m.conv_id = a.conv AND m.user_id = a.u AND m.role = 'member'
+             AND m.mute_until IS NULL AND m.role_until IS NULL AND m.extra_perms = 0))
      AND (c.min_seq = 1 OR NOT EXISTS (
        SELECT 1 FROM unnest($1::text[], $5::text[], $7::text[]) AS k(conv, sender, key), LATERAL (
          SELECT 1 FROM idem_tombstones WHERE conv_id = k.conv AND sender_user = k.sender AND client_msg_id = k.key
@@ -92,6 +102,9 @@ pub(super) struct Plan {
     builder: BatchBuilder,
     outcomes: Vec<WriteOutcome>,
     member_version: i64,
+    /// Senders the roster did not know, taken to be plain members (no mute,
+    /// no extra bits), as the guard then checks: most senders are.
+    pub(super) assumed: Vec<UserId>,
     /// The transaction's time must be at or after this…
     not_before: Option<DateTime<Utc>>,
     /// …and before this, for the checks to answer as they did.
@@ -122,7 +135,8 @@ impl Plan {
 }
 
 /// Checks `job` against its cache alone: a plan when the cache remembers the
-/// row, knows every sender, and every op is a send that appends.
+/// row and every op is a send that appends (a sender the roster does not
+/// know taken to be a plain member).
 pub(super) fn plan(job: &BatchJob) -> Option<Plan> {
     let cache = &job.cache;
     let row = cache.row.as_ref().filter(|r| cache.member_version == Some(r.member_version))?;
@@ -131,10 +145,19 @@ pub(super) fn plan(job: &BatchJob) -> Option<Plan> {
     let (mut not_before, mut not_after) = (None::<DateTime<Utc>>, None::<DateTime<Utc>>);
     let mut outcomes = Vec::with_capacity(job.ops.len());
     let no_prior = HashMap::new();
+    let mut roster = Cow::Borrowed(&cache.roster);
+    let mut assumed = vec![];
     for op in &job.ops {
         let WriteOp::Send(send) = op else { return None };
-        let standing = cache.roster.get(&send.sender)?;
-        let outcome = builder.send(send, &no_prior, &cache.roster);
+        if !roster.knows(&send.sender) {
+            if roster.len() >= ROSTER_CACHE_USERS {
+                return None;
+            }
+            roster.to_mut().insert(send.sender.clone(), Standing::new(Role::Member));
+            assumed.push(send.sender.clone());
+        }
+        let standing = roster.get(&send.sender)?;
+        let outcome = builder.send(send, &no_prior, &roster);
         if !matches!(outcome, Ok(Written::Sent(_))) {
             return None;
         }
@@ -147,7 +170,7 @@ pub(super) fn plan(job: &BatchJob) -> Option<Plan> {
         }
         outcomes.push(outcome);
     }
-    Some(Plan { builder, outcomes, member_version: row.member_version, not_before, not_after })
+    Some(Plan { builder, outcomes, member_version: row.member_version, assumed, not_before, not_after })
 }
 
 /// Runs the `plans` (of distinct conversations) in one round trip: each
@@ -190,9 +213,12 @@ pub(super) async fn commit_plans(
     Ok(plans.into_iter().map(|p| at.get(p.builder.conv.as_str()).map(|&now| p.written(now))).collect())
 }
 
-/// What each plan expects of its row, as column arrays (`$16`..`$24`).
+/// What each plan expects of its row, as column arrays (`$16`..`$24`), and
+/// the standings it assumed (`$25`, `$26`).
 #[derive(Default)]
 struct Expected<'a> {
+    assumed_convs: Vec<&'a str>,
+    assumed_users: Vec<&'a str>,
     convs: Vec<&'a str>,
     first_seqs: Vec<i64>,
     next_seqs: Vec<i64>,
@@ -216,9 +242,13 @@ impl<'a> Expected<'a> {
         self.delivery_modes.push(b.delivery_mode.as_str());
         self.not_before.push(p.not_before);
         self.not_after.push(p.not_after);
+        for user in &p.assumed {
+            self.assumed_convs.push(b.conv.as_str());
+            self.assumed_users.push(user.as_str());
+        }
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 9] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 11] {
         [
             &self.convs,
             &self.first_seqs,
@@ -229,6 +259,8 @@ impl<'a> Expected<'a> {
             &self.delivery_modes,
             &self.not_before,
             &self.not_after,
+            &self.assumed_convs,
+            &self.assumed_users,
         ]
     }
 }
@@ -298,7 +330,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cold_or_stale_cache_an_unknown_sender_a_refusal_or_another_op_takes_the_full_path() {
+    fn a_cold_or_stale_cache_a_non_member_a_refusal_or_another_op_takes_the_full_path() {
         let member = Standing::new(Role::Member);
         let mut cold = job(false, &[("m", member.clone())], vec![send("m", "k")]);
         cold.cache.row = None;
@@ -306,10 +338,28 @@ mod tests {
         let mut stale = job(false, &[("m", member.clone())], vec![send("m", "k")]);
         stale.cache.member_version = Some(4);
         assert!(plan(&stale).is_none(), "the roster is of another member_version than the row");
-        assert!(plan(&job(false, &[("m", member.clone())], vec![send("x", "k")])).is_none(), "sender not known");
+        let mut left = job(false, &[("m", member.clone())], vec![send("x", "k")]);
+        left.cache.roster.remove(&uid("x"));
+        assert!(plan(&left).is_none(), "a sender known not to be a member");
         assert!(plan(&job(true, &[("m", member.clone())], vec![send("m", "k")])).is_none(), "muted group");
         let leave = WriteOp::Leave(LeaveOp { user: uid("m"), actor: uid("m"), reason: LeaveReason::Left });
         assert!(plan(&job(false, &[("m", member)], vec![send("m", "k"), leave])).is_none(), "not only sends");
+    }
+
+    #[test]
+    fn a_sender_the_roster_does_not_know_is_taken_for_a_plain_member_for_the_guard_to_check() {
+        let j =
+            job(false, &[("m", Standing::new(Role::Member))], vec![send("x", "k1"), send("m", "k2"), send("x", "k3")]);
+        let p = plan(&j).expect("a plan");
+        assert_eq!((p.assumed.clone(), p.builder.events.len()), (vec![uid("x")], 3));
+        let everyone = WriteOp::Send(SendOp {
+            body: Body::parse(&json!({"type": "text", "text": "hi", "mention_all": true}), 1024).expect("body"),
+            ..match send("x", "k") {
+                WriteOp::Send(s) => s,
+                _ => unreachable!(),
+            }
+        });
+        assert!(plan(&job(false, &[], vec![everyone])).is_none(), "a plain member may not mention everyone");
     }
 
     #[test]

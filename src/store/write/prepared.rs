@@ -63,6 +63,8 @@ impl Prepared {
             T::TEXT_ARRAY,
             T::TIMESTAMPTZ_ARRAY,
             T::TIMESTAMPTZ_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
         ];
         let guarded = [&append[..15], &expected].concat();
         let (

@@ -19,13 +19,14 @@ pub(super) async fn another_writers_changes_reach_a_warm_cache(workers: usize) {
         "actor-warm-cache-sees-other-writers",
         variant(workers),
         "an actor's cache kept warm by sends of u-m (each then goes in one round trip) against changes made \
-         elsewhere: u-m muted by a second writer on another pool, and (as an operator's SQL would, with no \
+         elsewhere: u-x muted by SQL before the cache warmed (the roster never saw u-x) → MUTED while u-y, \
+         unknown to the roster too, is acked; u-m muted by a second writer on another pool, and (as an operator's SQL would, with no \
          event) muted with member_version moved, and mute_all set → each time the actor's next send of u-m \
          is MUTED; the owner's send through the second writer then through the actor → consecutive seqs; \
          u-m's first key again through the actor → dup with its original seq; log gapless",
     );
     let db = TestDb::with_pool(8).await;
-    let conv = group(&db.store, "g-warm", &["u-o", "u-m"]).await;
+    let conv = group(&db.store, "g-warm", &["u-o", "u-m", "u-x", "u-y"]).await;
     let other = Store::connect(&db.url, 4).await.expect("second store");
     let actor = writer(db.store.clone(), actor_path(workers, 1));
     let elsewhere = writer(other, WriteSettings::on(Path::Direct));
@@ -38,10 +39,16 @@ pub(super) async fn another_writers_changes_reach_a_warm_cache(workers: usize) {
     let change = |change: GroupChange| elsewhere.write(conv.clone(), group_op("u-o", change));
     let an_hour = Utc::now() + chrono::Duration::hours(1);
 
+    // Muted before the actor's cache warms: its roster never learns it.
+    sql("UPDATE members SET mute_until = now() + interval '1 hour' WHERE conv_id = $1 AND user_id = 'u-x'").await;
+    sql("UPDATE conversations SET member_version = member_version + 1 WHERE conv_id = $1").await;
     let first = send(&actor, "u-m", "m1").await;
     let mut warm = vec![send(&actor, "u-m", "m2").await];
+    // Senders the warm roster does not know: a plain member, and the muted one.
+    warm.push(send(&actor, "u-y", "y1").await);
+    let mut muted = vec![send(&actor, "u-x", "x1").await];
     change(GroupChange::Mute { user: uid("u-m"), until: Some(an_hour) }).await.expect("mute elsewhere");
-    let mut muted = vec![send(&actor, "u-m", "m3").await];
+    muted.push(send(&actor, "u-m", "m3").await);
     change(GroupChange::Mute { user: uid("u-m"), until: None }).await.expect("unmute elsewhere");
     warm.push(send(&actor, "u-m", "m4").await);
     warm.push(send(&actor, "u-m", "m5").await);
