@@ -63,9 +63,12 @@ unlike AS MATERIALIZED (
                          FROM members WHERE conv_id = a.conv AND user_id = a.u), false)),
 conv AS (
   SELECT c.conv_id, x.next_seq, date_trunc('milliseconds', now()) AS now
-    FROM conversations c JOIN expected x ON x.conv = c.conv_id
-   WHERE c.conv_id = ANY($16::text[])
-     AND c.next_seq = x.first_seq AND c.member_version = x.member_version AND c.status <> 'dismissed'
+    FROM expected x, LATERAL (
+      SELECT conv_id, next_seq, member_version, status, mute_all, join_mode, delivery_mode, min_seq
+        FROM conversations WHERE conv_id = x.conv LIMIT 1 FOR NO KEY UPDATE",
+            $lock,
+            ") c
+   WHERE c.next_seq = x.first_seq AND c.member_version = x.member_version AND c.status <> 'dismissed'
      AND c.mute_all = x.mute_all AND c.join_mode = x.join_mode AND c.delivery_mode = x.delivery_mode
      AND (x.not_before IS NULL OR date_trunc('milliseconds', now()) >= x.not_before)
      AND (x.not_after IS NULL OR date_trunc('milliseconds', now()) < x.not_after)
@@ -74,10 +77,7 @@ conv AS (
        SELECT 1 FROM unnest($1::text[], $5::text[], $7::text[]) AS k(conv, sender, key), LATERAL (
          SELECT 1 FROM idem_tombstones WHERE conv_id = k.conv AND sender_user = k.sender AND client_msg_id = k.key
           LIMIT 1) t
-        WHERE k.conv = c.conv_id))
-   FOR NO KEY UPDATE OF c",
-            $lock,
-            "),
+        WHERE k.conv = c.conv_id))),
 appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
                       body, subject_user, actor, reason, change, target_seq, recalled, created_at)
@@ -88,8 +88,10 @@ appended AS (
               body, subject_user, actor, reason, change, target_seq, recalled)
     JOIN conv ON conv.conv_id = e.conv_id),
 moved AS (
-  UPDATE conversations c SET next_seq = conv.next_seq, last_event_at = conv.now
-    FROM conv WHERE c.conv_id = conv.conv_id AND c.conv_id = ANY($16::text[]))
+  UPDATE conversations c
+     SET next_seq = (SELECT next_seq FROM conv WHERE conv.conv_id = c.conv_id),
+         last_event_at = (SELECT now FROM conv LIMIT 1)
+   WHERE c.conv_id = ANY (ARRAY(SELECT conv_id FROM conv)))
 SELECT conv_id, now FROM conv"
         )
     };
