@@ -1,9 +1,8 @@
 //! Batches in one round trip, when their conversations' caches already know
-//! the outcome: BEGIN, one guarded statement and COMMIT, sent together. One
-//! batch (a transaction of its own), or every batch of a commit-stage round
-//! when each has a plan (a round with a batch the cache cannot decide takes
-//! the merged full path as a whole: splitting it would cost a second
-//! transaction).
+//! the outcome: BEGIN, one guarded statement and COMMIT, sent together: a
+//! batch in a transaction of its own, or a commit-stage round of one batch
+//! (a hot conversation's). The statement takes several conversations, but
+//! rounds of several take the merged full path: measured slower this way.
 //!
 //! A conversation's actor is normally its only writer, so the row as its last
 //! batch left it (kept in the cache) is the row it will lock next. A batch of
