@@ -77,35 +77,18 @@ async fn merged_on(conn: &PooledClient, mut jobs: Vec<BatchJob>, phase: &mut Pha
     // its cache decides it. Not for rounds of several: measured, a
     // 1,000-conversation load did 12,000-15,000 msgs/s that way against
     // 17,000-19,000 on the merged full path (README, write path).
-    let plans = match &jobs[..] {
-        [job] => one_trip::plan(job).map(|plan| vec![plan]),
-        _ => None,
-    };
-    let Some(plans) = plans else {
-        return full_path(conn, jobs, phase).await;
-    };
-    let done = match in_one_trip(conn, &mut jobs, plans, LockMode::SkipLocked, phase).await {
-        Ok(done) => done,
-        Err(Unfinished::RolledBack(e)) => return rolled_back(jobs, e),
-        Err(Unfinished::Unknown(e)) => {
-            let e = Arc::new(e);
-            return jobs.iter().map(|_| Share::Unknown(e.clone())).collect();
-        }
-    };
-    // Those the guard declined (changed elsewhere, or held): the full path,
-    // then every share in the order of `jobs`.
-    let (mut shares, mut rest) = (vec![], vec![]);
-    for (job, written) in jobs.into_iter().zip(done) {
-        match written {
-            Some(w) => shares.push(Some(Share::Committed(w, job.cache))),
-            None => {
-                shares.push(None);
-                rest.push(job);
+    if let [job] = &mut jobs[..] {
+        if let Some(plan) = one_trip::plan(job) {
+            match in_one_trip(conn, job, plan, LockMode::SkipLocked, phase).await {
+                Ok(Some(written)) => return vec![Share::Committed(written, std::mem::take(&mut job.cache))],
+                Ok(None) => {}
+                Err(Unfinished::RolledBack(e)) => return rolled_back(jobs, e),
+                Err(Unfinished::Unknown(e)) => return vec![Share::Unknown(Arc::new(e))],
             }
         }
     }
-    let mut rest = if rest.is_empty() { vec![] } else { full_path(conn, rest, phase).await }.into_iter();
-    shares.into_iter().map(|share| share.or_else(|| rest.next())).collect::<Option<_>>().unwrap_or_default()
+    // Several batches, or one the guard declined (changed elsewhere, or held).
+    full_path(conn, jobs, phase).await
 }
 
 /// The merged transaction of `jobs`: lock and reads, then append.

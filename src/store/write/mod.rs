@@ -186,14 +186,14 @@ async fn write_on(
     let prepared = conn.prepared().await?;
     phase.end("pool");
     let conn = Conn { client: conn, prepared };
-    let mut jobs = [job];
-    if let Some(plan) = one_trip::plan(&jobs[0]) {
-        let done = in_one_trip(conn, &mut jobs, vec![plan], LockMode::Wait, phase).await;
-        if let Some(written) = done.map_err(Unfinished::into_error)?.pop().flatten() {
-            let [job] = jobs;
+    let mut job = job;
+    if let Some(plan) = one_trip::plan(&job) {
+        let done = in_one_trip(conn, &mut job, plan, LockMode::Wait, phase).await;
+        if let Some(written) = done.map_err(Unfinished::into_error)? {
             return Ok((written, job.cache));
         }
     }
+    let mut jobs = [job];
     let tx = WriteTx::new(conn);
     let reads = lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::Wait).await?;
     phase.end("lock");
@@ -203,32 +203,31 @@ async fn write_on(
     Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
 }
 
-/// Commits in one round trip `plans`, one per job of `jobs` (distinct
-/// conversations, `one_trip`), and moves the committed jobs' cached rows on.
-/// One entry per job: `None` when the guard declined it and nothing of it
-/// was written; it takes the full path.
+/// Commits `job` in one round trip by its `plan` (`one_trip`), and moves
+/// its cache on (the row's `next_seq`, the senders the plan took for plain
+/// members); `None` when the guard declined it and nothing was written: it
+/// takes the full path.
 async fn in_one_trip(
     conn: Conn<'_>,
-    jobs: &mut [BatchJob],
-    plans: Vec<one_trip::Plan>,
+    job: &mut BatchJob,
+    plan: one_trip::Plan,
     mode: LockMode,
     phase: &mut Phase,
-) -> Result<Vec<Option<WrittenBatch>>, Unfinished> {
-    let mut done = Vec::with_capacity(jobs.len());
-    let assumed: Vec<Vec<UserId>> = plans.iter().map(|p| p.assumed.clone()).collect();
-    let committed = one_trip::commit_plans(conn, plans, mode).await?;
-    for ((job, written), assumed) in jobs.iter_mut().zip(committed).zip(assumed) {
-        if let (Some(row), Some(w)) = (&mut job.cache.row, &written) {
-            row.next_seq = w.appended.head + 1;
-            // The guard found them plain members.
-            for user in assumed {
-                job.cache.roster.insert(user, Standing::new(Role::Member));
-            }
-        }
-        done.push(written);
+) -> Result<Option<WrittenBatch>, Unfinished> {
+    let assumed = plan.assumed.clone();
+    let Some(written) = one_trip::commit_plan(conn, plan, mode).await? else {
+        phase.end("declined");
+        return Ok(None);
+    };
+    phase.end("one_trip");
+    if let Some(row) = &mut job.cache.row {
+        row.next_seq = written.appended.head + 1;
     }
-    phase.end(if done.iter().any(Option::is_some) { "one_trip" } else { "declined" });
-    Ok(done)
+    // The guard found them plain members.
+    for user in assumed {
+        job.cache.roster.insert(user, Standing::new(Role::Member));
+    }
+    Ok(Some(written))
 }
 
 /// Applies one conversation's `ops` inside `tx`, which the caller commits
