@@ -27,8 +27,8 @@ wait "$load"
     echo "# perf record -F 499 -g -a, 6 s of: imcore-load ws --scenarios hot --hot-delivery pull --senders 256 --receivers 4 --write-paths actor"
     grep '^hot-group' "$work/load.log" | cut -c1-200
     echo
-    echo "## Samples by thread name. The server: actix-rt|… (HTTP and WebSocket workers), imcore (main:"
-    echo "## commit stage, PostgreSQL client), delivery-…; PostgreSQL: postgres; the generator: tokio-rt-worker"
+    echo "## Samples by thread name. The server: actix-rt|… (HTTP and WebSocket workers, conversation"
+    echo "## actors' arbiters), imcore (main thread), delivery-…; PostgreSQL: postgres; the generator: tokio-rt-worker"
     perf report -i "$work/perf.data" --stdio --no-children --sort comm -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -12
     echo
     echo "## The server process (pid $server), top functions, self time"
