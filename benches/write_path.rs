@@ -2,8 +2,10 @@
 //! PostgreSQL (a private cluster started for the run, durability on):
 //! sends to one group through the conversation actor (batched) and through the
 //! `direct` path (one transaction per send), at a few sender counts.
-//! Throughput is reported in sends per second. The end-to-end load generator
-//! (`imcore-load`) is where targets and ratios are recorded.
+//! Throughput is reported in sends per second; the estimates criterion wrote
+//! for this run, and `actor` over `direct` at each sender count, go to
+//! `evidence/bench/criterion.json`. The end-to-end load generator
+//! (`imcore-load`) is where the targets are recorded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -78,7 +80,7 @@ fn write_path(c: &mut Criterion) {
     group.sample_size(10).measurement_time(Duration::from_secs(4)).throughput(Throughput::Elements(1));
     let run = AtomicU64::new(0);
     for path in [WritePath::Actor, WritePath::Direct] {
-        for senders in [1usize, 64] {
+        for senders in SENDERS {
             let name = match path {
                 WritePath::Actor => "actor",
                 WritePath::Direct => "direct",
@@ -111,6 +113,55 @@ fn write_path(c: &mut Criterion) {
         }
     }
     group.finish();
+    record_evidence();
+}
+
+const PATHS: [&str; 2] = ["actor", "direct"];
+const SENDERS: [usize; 2] = [1, 64];
+
+/// Writes `evidence/bench/criterion.json` from the estimates criterion saved
+/// for this run (`target/criterion/send/<path>/<senders>/new/estimates.json`:
+/// nanoseconds per send, one send being one iteration).
+fn record_evidence() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let home = std::env::var("CRITERION_HOME").map(std::path::PathBuf::from).unwrap_or(root.join("target/criterion"));
+    let read = |path: &str, senders: usize| -> Option<(f64, f64)> {
+        let file = home.join(format!("send/{path}/{senders}/new/estimates.json"));
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).ok()?).ok()?;
+        Some((v["mean"]["point_estimate"].as_f64()?, v["median"]["point_estimate"].as_f64()?))
+    };
+    let per_s = |ns: f64| (1e9 / ns).round();
+    let mut rows = vec![];
+    for (path, senders) in PATHS.iter().flat_map(|&p| SENDERS.map(|s| (p, s))) {
+        let Some((mean, median)) = read(path, senders) else { continue };
+        rows.push(json!({"write_path": path, "senders": senders, "mean_ns_per_send": mean.round(),
+                         "median_ns_per_send": median.round(), "sends_per_s_at_mean": per_s(mean)}));
+    }
+    let ratios: Vec<_> = SENDERS
+        .iter()
+        .filter_map(|&s| Some((s, read("actor", s)?.0, read("direct", s)?.0)))
+        .map(|(s, actor, direct)| json!({"senders": s, "actor_over_direct": (direct / actor * 10.0).round() / 10.0}))
+        .collect();
+    let git =
+        |args: &[&str]| std::process::Command::new("git").args(args).current_dir(root).output().ok().map(|o| o.stdout);
+    let rev = git(&["rev-parse", "--short", "HEAD"]).map(|o| String::from_utf8_lossy(&o).trim().to_owned());
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|o| !o.is_empty());
+    let doc = json!({
+        "command": "cargo bench --bench write_path",
+        "date": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "git_rev": rev.map(|r| if dirty { format!("{r}-dirty") } else { r }),
+        "durability": {"fsync": "on", "synchronous_commit": "on"},
+        "runs": rows,
+        "ratios": ratios,
+    });
+    let out = root.join("evidence/bench/criterion.json");
+    match serde_json::to_string_pretty(&doc) {
+        Ok(text) => match std::fs::write(&out, text + "\n") {
+            Ok(()) => println!("wrote {}", out.display()),
+            Err(e) => eprintln!("write {}: {e}", out.display()),
+        },
+        Err(e) => eprintln!("encode criterion evidence: {e}"),
+    }
 }
 
 criterion_group!(benches, write_path);
