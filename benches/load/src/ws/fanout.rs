@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 
 use super::log_check::verify;
 use super::provision::{self, now_us, BoxError};
-use super::server::{CpuWindow, Pg, Server};
+use super::server::{deliveries_per_server_core_s, CpuWindow, Pg, Server};
 use crate::percentiles::Percentiles;
 use device::{Current, Measure};
 
@@ -285,6 +285,7 @@ async fn report(
         "last_device_ms": latency.json(),
         "deliveries": deliveries,
         "deliveries_per_s": (deliveries as f64 / span_s).round(),
+        "deliveries_per_server_core_s": deliveries_per_server_core_s(deliveries, &o.cpu),
         "connect_s": (o.connect_s * 100.0).round() / 100.0,
         "cpu": o.cpu,
         "server_rss_mb": (server.rss_kib() as f64 / 1024.0).round(),

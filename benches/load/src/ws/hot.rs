@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use super::log_check::{batch_sizes, verify};
 use super::provision::{self, BoxError};
-use super::server::{CpuWindow, Pg, Server};
+use super::server::{deliveries_per_server_core_s, CpuWindow, Pg, Server};
 use crate::percentiles::Percentiles;
 use receiver::{ReceiverOut, Target};
 use sender::{SenderCfg, SenderOut};
@@ -267,6 +267,8 @@ async fn report(db: &Store, p: &Params<'_>, conv: &str, mut d: Driven) -> Result
         // Live messages only: those synced after the run are not timed.
         "e2e_ms": e2e_ms.json(),
         "push_deliveries_per_s": r((sender_events + delivery.live) as f64 / push_window),
+        // Beside `cpu.generator_cores`: where the generator is the bound, this is too.
+        "push_deliveries_per_server_core_s": deliveries_per_server_core_s(sender_events + delivery.live, &d.cpu),
         "receiver_deliveries": delivery.live,
         "sender_deliveries": sender_events,
         // Receivers meeting DELIVERY_RULE.

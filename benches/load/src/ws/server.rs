@@ -290,7 +290,8 @@ impl CpuWindow {
         Self { at: Instant::now(), server: server.cpu_s(), pg: pg.cpu_s(), generator: self_cpu_s() }
     }
 
-    /// `(seconds, server cores, postgres cores, generator cores)` busy on average.
+    /// `(seconds, server cores, postgres cores, generator cores)` busy on
+    /// average, and the server's CPU seconds.
     pub fn end(&self, server: &Server, pg: &Pg) -> serde_json::Value {
         let secs = self.at.elapsed().as_secs_f64().max(1e-9);
         let r = |x: f64| (x * 100.0).round() / 100.0;
@@ -299,6 +300,14 @@ impl CpuWindow {
             "server_cores": r((server.cpu_s() - self.server) / secs),
             "postgres_cores": r((pg.cpu_s() - self.pg) / secs),
             "generator_cores": r((self_cpu_s() - self.generator) / secs),
+            "server_cpu_s": r(server.cpu_s() - self.server),
         })
     }
+}
+
+/// Push efficiency: `deliveries` pushed in a window per second of server CPU
+/// spent in it (`cpu` from [`CpuWindow::end`]).
+pub fn deliveries_per_server_core_s(deliveries: u64, cpu: &serde_json::Value) -> Option<f64> {
+    let spent = cpu["server_cpu_s"].as_f64().filter(|s| *s > 0.0)?;
+    Some((deliveries as f64 / spent).round())
 }
