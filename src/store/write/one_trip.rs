@@ -1,9 +1,8 @@
 //! Batches in one round trip, when their conversations' caches already know
 //! the outcome: BEGIN, one guarded statement and COMMIT, sent together: a
 //! batch in a transaction of its own, or a commit-stage round of one batch
-//! (a hot conversation's). The statement is written over arrays of
-//! conversations; rounds of several take the merged full path instead, which
-//! measured faster than one guarded statement for the round.
+//! (a hot conversation's). Rounds of several take the merged full path: one
+//! guarded statement for a whole round measured slower (README, latency).
 //!
 //! A conversation's actor is normally its only writer, so the row as its last
 //! batch left it (kept in the cache) is the row it will lock next. A batch of
@@ -47,52 +46,44 @@ use super::prepared::Conn;
 use super::{Appended, BatchJob, Unfinished, WrittenBatch, ROSTER_CACHE_USERS};
 use crate::domain::{Role, Standing};
 
+/// `$1`..`$15` are the event columns of the append (`append::EventColumns`);
+/// `$16`.. what the plan expects of its conversation's row.
 macro_rules! append_if_unchanged_sql {
     ($lock:literal) => {
         concat!(
-            "WITH expected AS (
-  SELECT * FROM unnest($16::text[], $17::int8[], $18::int8[], $19::int8[], $20::bool[], $21::text[], $22::text[],
-                       $23::timestamptz[], $24::timestamptz[])
-    AS x(conv, first_seq, next_seq, member_version, mute_all, join_mode, delivery_mode, not_before, not_after)),
-taken AS MATERIALIZED (
-  SELECT k.conv FROM unnest($1::text[], $5::text[], $7::text[]) AS k(conv, sender, key), LATERAL (
-    SELECT 1 FROM events WHERE conv_id = k.conv AND sender_user = k.sender AND client_msg_id = k.key LIMIT 1) e),
+            "WITH taken AS MATERIALIZED (
+  SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
+    SELECT 1 FROM events WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key LIMIT 1) e),
 unlike AS MATERIALIZED (
-  SELECT a.conv FROM unnest($25::text[], $26::text[]) AS a(conv, u)
+  SELECT 1 FROM unnest($25::text[]) AS a(u)
    WHERE NOT coalesce((SELECT role = 'member' AND mute_until IS NULL AND role_until IS NULL AND extra_perms = 0
-                         FROM members WHERE conv_id = a.conv AND user_id = a.u), false)),
+                         FROM members WHERE conv_id = $16 AND user_id = a.u), false)),
 conv AS (
-  SELECT c.conv_id, x.next_seq, date_trunc('milliseconds', now()) AS now
-    FROM expected x, LATERAL (
-      SELECT conv_id, next_seq, member_version, status, mute_all, join_mode, delivery_mode, min_seq
-        FROM conversations WHERE conv_id = x.conv LIMIT 1 FOR NO KEY UPDATE",
+  SELECT c.conv_id, date_trunc('milliseconds', now()) AS now
+    FROM (SELECT conv_id, next_seq, member_version, status, mute_all, join_mode, delivery_mode, min_seq
+            FROM conversations WHERE conv_id = $16 FOR NO KEY UPDATE",
             $lock,
             ") c
-   WHERE c.next_seq = x.first_seq AND c.member_version = x.member_version AND c.status <> 'dismissed'
-     AND c.mute_all = x.mute_all AND c.join_mode = x.join_mode AND c.delivery_mode = x.delivery_mode
-     AND (x.not_before IS NULL OR date_trunc('milliseconds', now()) >= x.not_before)
-     AND (x.not_after IS NULL OR date_trunc('milliseconds', now()) < x.not_after)
-     AND c.conv_id NOT IN (SELECT conv FROM taken) AND c.conv_id NOT IN (SELECT conv FROM unlike)
+   WHERE c.next_seq = $17 AND c.member_version = $19 AND c.status <> 'dismissed'
+     AND c.mute_all = $20 AND c.join_mode = $21 AND c.delivery_mode = $22
+     AND ($23::timestamptz IS NULL OR date_trunc('milliseconds', now()) >= $23)
+     AND ($24::timestamptz IS NULL OR date_trunc('milliseconds', now()) < $24)
+     AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM unlike)
      AND (c.min_seq = 1 OR NOT EXISTS (
-       SELECT 1 FROM unnest($1::text[], $5::text[], $7::text[]) AS k(conv, sender, key), LATERAL (
-         SELECT 1 FROM idem_tombstones WHERE conv_id = k.conv AND sender_user = k.sender AND client_msg_id = k.key
-          LIMIT 1) t
-        WHERE k.conv = c.conv_id))),
+       SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
+         SELECT 1 FROM idem_tombstones WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key
+          LIMIT 1) t))),
 appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
                       body, subject_user, actor, reason, change, target_seq, recalled, created_at)
   SELECT e.*, conv.now
-    FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
-                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[])
-         AS e(conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
-              body, subject_user, actor, reason, change, target_seq, recalled)
-    JOIN conv ON conv.conv_id = e.conv_id),
+    FROM conv, unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[],
+                      $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[],
+                      $15::bool[]) AS e),
 moved AS (
-  UPDATE conversations c
-     SET next_seq = (SELECT next_seq FROM conv WHERE conv.conv_id = c.conv_id),
-         last_event_at = (SELECT now FROM conv LIMIT 1)
-   WHERE c.conv_id = ANY (ARRAY(SELECT conv_id FROM conv)))
-SELECT conv_id, now FROM conv"
+  UPDATE conversations c SET next_seq = $18, last_event_at = conv.now FROM conv
+   WHERE c.conv_id = $16 AND conv.conv_id = $16)
+SELECT now FROM conv"
         )
     };
 }
@@ -101,9 +92,9 @@ pub(super) const APPEND_IF_UNCHANGED: &str = append_if_unchanged_sql!("");
 /// BEGIN, and the statement planned once per connection (a custom plan per
 /// call cost 0.25 ms of planning at bind). A generic plan is made with the
 /// statistics of its first call, which on a young database say the tables
-/// are all but empty; the statement is written as probes by key (`= ANY`,
-/// `LATERAL … LIMIT 1`, scalar subqueries), and scans and hash or merge
-/// joins are priced out, so that plan probes by key at any size.
+/// are all but empty; the statement is written as probes by key (the row by
+/// its key, `LATERAL … LIMIT 1`, scalar subqueries), and scans and hash or
+/// merge joins are priced out, so that plan probes by key at any size.
 const PLANNED_ONCE: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
                             SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
 pub(super) const APPEND_IF_UNCHANGED_SKIP_LOCKED: &str = append_if_unchanged_sql!(" SKIP LOCKED");
@@ -198,9 +189,21 @@ pub(super) async fn commit_plan(
     let appended = async {
         let mut cols = EventColumns::default();
         cols.push_all(&plan.builder);
-        let mut x = Expected::default();
-        x.push(&plan);
-        conn.client.query_opt(statement, &[&cols.params()[..], &x.params()[..]].concat()).await
+        let b = &plan.builder;
+        let assumed: Vec<&str> = plan.assumed.iter().map(UserId::as_str).collect();
+        let expected: [&(dyn ToSql + Sync); 10] = [
+            &b.conv.as_str(),
+            &b.first_seq,
+            &b.next_seq,
+            &plan.member_version,
+            &b.mute_all,
+            &b.join_mode.as_str(),
+            &b.delivery_mode.as_str(),
+            &plan.not_before,
+            &plan.not_after,
+            &assumed,
+        ];
+        conn.client.query_opt(statement, &[&cols.params()[..], &expected].concat()).await
     };
     let (begun, appended, committed) =
         futures_util::join!(conn.client.batch_execute(PLANNED_ONCE), appended, conn.client.batch_execute("COMMIT"));
@@ -209,62 +212,10 @@ pub(super) async fn commit_plan(
         (Ok(()), Err(e)) if e.as_db_error().is_some() => return Err(Unfinished::RolledBack(e.into())),
         (Ok(()), Err(e)) => return Err(Unfinished::Unknown(e.into())),
         (Ok(()), Ok(None)) => return Ok(None),
-        (Ok(()), Ok(Some(row))) => row.get(1),
+        (Ok(()), Ok(Some(row))) => row.get(0),
     };
     committed.map_err(|e| Unfinished::Unknown(e.into()))?;
     Ok(Some(plan.written(now)))
-}
-
-/// What the plan expects of its row, as column arrays (`$16`..`$24`), and
-/// the standings it assumed (`$25`, `$26`).
-#[derive(Default)]
-struct Expected<'a> {
-    assumed_convs: Vec<&'a str>,
-    assumed_users: Vec<&'a str>,
-    convs: Vec<&'a str>,
-    first_seqs: Vec<i64>,
-    next_seqs: Vec<i64>,
-    member_versions: Vec<i64>,
-    mute_all: Vec<bool>,
-    join_modes: Vec<&'static str>,
-    delivery_modes: Vec<&'static str>,
-    not_before: Vec<Option<DateTime<Utc>>>,
-    not_after: Vec<Option<DateTime<Utc>>>,
-}
-
-impl<'a> Expected<'a> {
-    fn push(&mut self, p: &'a Plan) {
-        let b = &p.builder;
-        self.convs.push(b.conv.as_str());
-        self.first_seqs.push(b.first_seq);
-        self.next_seqs.push(b.next_seq);
-        self.member_versions.push(p.member_version);
-        self.mute_all.push(b.mute_all);
-        self.join_modes.push(b.join_mode.as_str());
-        self.delivery_modes.push(b.delivery_mode.as_str());
-        self.not_before.push(p.not_before);
-        self.not_after.push(p.not_after);
-        for user in &p.assumed {
-            self.assumed_convs.push(b.conv.as_str());
-            self.assumed_users.push(user.as_str());
-        }
-    }
-
-    fn params(&self) -> [&(dyn ToSql + Sync); 11] {
-        [
-            &self.convs,
-            &self.first_seqs,
-            &self.next_seqs,
-            &self.member_versions,
-            &self.mute_all,
-            &self.join_modes,
-            &self.delivery_modes,
-            &self.not_before,
-            &self.not_after,
-            &self.assumed_convs,
-            &self.assumed_users,
-        ]
-    }
 }
 
 /// Which batches the cache decides, and the time window it decides them for.

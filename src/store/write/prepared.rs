@@ -54,16 +54,15 @@ impl Prepared {
             T::INT8_ARRAY,
         ];
         let expected = [
-            T::TEXT_ARRAY,
-            T::INT8_ARRAY,
-            T::INT8_ARRAY,
-            T::INT8_ARRAY,
-            T::BOOL_ARRAY,
-            T::TEXT_ARRAY,
-            T::TEXT_ARRAY,
-            T::TIMESTAMPTZ_ARRAY,
-            T::TIMESTAMPTZ_ARRAY,
-            T::TEXT_ARRAY,
+            T::TEXT,
+            T::INT8,
+            T::INT8,
+            T::INT8,
+            T::BOOL,
+            T::TEXT,
+            T::TEXT,
+            T::TIMESTAMPTZ,
+            T::TIMESTAMPTZ,
             T::TEXT_ARRAY,
         ];
         let guarded = [&append[..15], &expected].concat();
