@@ -113,16 +113,28 @@ fn write_path(c: &mut Criterion) {
         }
     }
     group.finish();
-    record_evidence();
+    let durability = system.block_on(durability(&fx.store));
+    record_evidence(durability);
 }
 
 const PATHS: [&str; 2] = ["actor", "direct"];
 const SENDERS: [usize; 2] = [1, 64];
 
+/// `fsync` and `synchronous_commit` as the run's PostgreSQL has them.
+async fn durability(store: &Store) -> serde_json::Value {
+    let conn = store.pool().get().await.expect("connection");
+    let mut settings = serde_json::Map::new();
+    for name in ["fsync", "synchronous_commit"] {
+        let value: String = conn.query_one("SELECT current_setting($1)", &[&name]).await.expect("setting").get(0);
+        settings.insert(name.to_owned(), value.into());
+    }
+    settings.into()
+}
+
 /// Writes `evidence/bench/criterion.json` from the estimates criterion saved
 /// for this run (`target/criterion/send/<path>/<senders>/new/estimates.json`:
 /// nanoseconds per send, one send being one iteration).
-fn record_evidence() {
+fn record_evidence(durability: serde_json::Value) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let home = std::env::var("CRITERION_HOME").map(std::path::PathBuf::from).unwrap_or(root.join("target/criterion"));
     let read = |path: &str, senders: usize| -> Option<(f64, f64)> {
@@ -150,7 +162,7 @@ fn record_evidence() {
         "command": "cargo bench --bench write_path",
         "date": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         "git_rev": rev.map(|r| if dirty { format!("{r}-dirty") } else { r }),
-        "durability": {"fsync": "on", "synchronous_commit": "on"},
+        "durability": durability,
         "runs": rows,
         "ratios": ratios,
     });
