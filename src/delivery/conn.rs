@@ -186,7 +186,7 @@ pub type Routes = RouteRegistry<Conn>;
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use actix::{Actor, Context, Handler};
+    use actix::{Actor, Context, Handler, Message};
     use imcore_actors::registry::{ConnId, RouteRegistry};
     use imcore_actors::{ConvId, DeviceId, UserId};
 
@@ -214,6 +214,16 @@ mod tests {
         }
     }
 
+    /// Answered once every message queued before it has been handled.
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Drained;
+
+    impl Handler<Drained> for Session {
+        type Result = ();
+        fn handle(&mut self, _: Drained, _: &mut Context<Self>) {}
+    }
+
     #[actix::test]
     async fn heads_queued_behind_a_busy_session_are_written_once_per_conversation_with_the_newest() {
         let heads = Arc::new(PendingHeads::default());
@@ -224,15 +234,14 @@ mod tests {
         let routes = Arc::new(RouteRegistry::new());
         let ids =
             (UserId::parse("u").expect("id"), DeviceId::parse("d").expect("id"), ConnId::from_cluster_sequence(1));
-        let conn = Conn::new(session.recipient(), &routes, MemoryBudget::new(1 << 20), heads, ids);
+        let conn = Conn::new(session.clone().recipient(), &routes, MemoryBudget::new(1 << 20), heads, ids);
         let (a, b) = (ConvId::parse("a").expect("id"), ConvId::parse("b").expect("id"));
         for (conv, head) in [(&a, 5), (&b, 3), (&a, 7), (&a, 6), (&b, 4)] {
             conn.send_head(conv, head);
         }
-        tokio::task::yield_now().await;
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        session.send(Drained).await.expect("drained");
         conn.send_head(&a, 8);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        session.send(Drained).await.expect("drained");
         let written = written.lock().expect("written").clone();
         assert_eq!(written, [("a".to_owned(), 7), ("b".to_owned(), 4), ("a".to_owned(), 8)]);
     }

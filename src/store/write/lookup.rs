@@ -16,7 +16,7 @@ use crate::store::StoreError;
 
 /// The locked conversation row.
 #[derive(Debug, Clone)]
-pub(in crate::store) struct ConvRow {
+pub(super) struct ConvRow {
     /// A group, not a direct conversation.
     pub(super) group: bool,
     pub(super) dismissed: bool,
