@@ -7,7 +7,10 @@
 //! makes the lanes resync the users it concerns (ARCHITECTURE §5). So a
 //! committed batch waits, up to [`HAND_OVER_WAIT`], until its predecessors
 //! were handed over; past that (a caller that went away between its commit
-//! and its hand-over) it goes anyway.
+//! and its hand-over) it goes anyway. On a node of a cluster the other nodes
+//! commit seqs of the same conversation that never come through here, so a
+//! batch goes at once: delivery's reorder stage orders this node's batches
+//! and the others' together (ARCHITECTURE §7).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -55,6 +58,9 @@ impl DirectWriter {
 
     async fn hand_over_in_order(&self, appended: Appended) {
         let Some(first) = appended.events.first().map(|e| e.seq) else { return };
+        if self.delivery.clustered() {
+            return self.delivery.deliver(&appended.conv_id.clone(), appended);
+        }
         // The first batch seen of a conversation sets where it stands.
         let order = self
             .order
