@@ -72,6 +72,13 @@ pub struct Config {
     #[arg(long, env = "IMCORE_NATS_URL")]
     pub nats_url: Option<String>,
 
+    /// With a bus and the actor write path: each conversation's writes go to
+    /// one home node (ARCHITECTURE §7). Off: every node writes locally, under
+    /// the row lock.
+    #[arg(long, env = "IMCORE_HOME_NODE", default_value_t = true, action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub home_node: bool,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "IMCORE_LOG", default_value = "info")]
     pub log: String,
@@ -106,6 +113,7 @@ impl Config {
             retention: RetentionSettings::default(),
             workers: 0,
             nats_url: None,
+            home_node: true,
             log: "warn".into(),
             sync_max_bytes: SYNC_DEFAULT_MAX_BYTES,
         }

@@ -54,6 +54,12 @@ pub struct Metrics {
     pub retention: IntCounterVec,
     /// Seconds per retention run.
     pub retention_run: Histogram,
+    /// Writes forwarded to their conversation's home node, by `outcome`:
+    /// `answered`, `not_there` (written here instead), `lost`, `unanswered`;
+    /// and `served`: writes other nodes forwarded here.
+    pub forwarded_writes: IntCounterVec,
+    /// Nodes taking homes, this one included, as this node knows them.
+    pub cluster_nodes: IntGauge,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -122,6 +128,16 @@ fn build() -> Result<Metrics, prometheus::Error> {
     )?;
     registry.register(Box::new(retention.clone()))?;
     registry.register(Box::new(retention_run.clone()))?;
+    let forwarded_writes = IntCounterVec::new(
+        Opts::new(
+            "forwarded_writes_total",
+            "Writes forwarded to their home node: outcome=answered|not_there|lost|unanswered; served: forwarded here",
+        ),
+        &["outcome"],
+    )?;
+    let cluster_nodes = IntGauge::new("cluster_nodes", "Nodes taking conversations' homes, this one included")?;
+    registry.register(Box::new(forwarded_writes.clone()))?;
+    registry.register(Box::new(cluster_nodes.clone()))?;
     Ok(Metrics {
         registry,
         requests,
@@ -139,6 +155,8 @@ fn build() -> Result<Metrics, prometheus::Error> {
         requests_running,
         retention,
         retention_run,
+        forwarded_writes,
+        cluster_nodes,
     })
 }
 

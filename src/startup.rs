@@ -16,7 +16,7 @@ use rand::RngCore;
 use tokio::sync::Notify;
 
 use crate::cluster::{Bus, BusError};
-use crate::config::{admin_token_path, Config, RetentionSettings, SHUTDOWN_GRACE};
+use crate::config::{admin_token_path, Config, RetentionSettings, WritePath, SHUTDOWN_GRACE};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
 use crate::store::{Store, StoreError};
@@ -64,11 +64,15 @@ impl Application {
             .map_err(|e| StartupError::Io("set TCP_USER_TIMEOUT", e))?;
         let port = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?.port();
         let Engine { writer, delivery } = Engine::start(store.clone(), &config.engine);
-        if let Some(url) = &config.nats_url {
-            Bus::join(url, &delivery).await?;
-        }
+        let bus = match &config.nats_url {
+            Some(url) => {
+                let homes = config.home_node && writer.path() == WritePath::Actor;
+                Some(Bus::join(url, &delivery, &writer, homes).await?)
+            }
+            None => None,
+        };
         let workers = config.workers;
-        let state = web::Data::new(AppState::new(store, writer, delivery, admin_token, Arc::new(config)));
+        let state = web::Data::new(AppState::new(store, writer, bus, delivery, admin_token, Arc::new(config)));
         let app_state = state.clone();
         let mut http = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(gateway::routes))
             // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.

@@ -13,6 +13,9 @@
 //!   whoever gets it resyncs every user online there.
 //! * `imcore.confirm.<node>` — nobody subscribes: a request there is a round
 //!   trip to the server (it answers "no responders").
+//! * `imcore.node` — "this node takes homes" (see `home`), every heartbeat.
+//! * `imcore.write.<node>` — a write forwarded to the conversation's home
+//!   node, a request answered on the forwarding node's inbox.
 //!
 //! Core NATS delivers at most once, in publish order per publishing
 //! connection. Whatever may have been lost makes the users concerned resync
@@ -30,27 +33,33 @@
 //! What this node published and NATS did not confirm before its connection
 //! dropped is published again once reconnected (see [`Publisher`]).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
-use async_nats::{Client, ConnectOptions, Event, Message, RequestErrorKind, Subscriber};
+use async_nats::{Client, ConnectOptions, Event, Message, RequestErrorKind, StatusCode, Subscriber};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use imcore_actors::registry::ConnId;
-use imcore_actors::{DeviceId, UserId};
+use imcore_actors::{ConvId, DeviceId, UserId};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::home::{Homes, HEARTBEAT};
 use super::routing::{settle, Settled};
 use crate::delivery::{Delivery, KickReason, Peers, Push, REORDER_WAIT};
+use crate::domain::Rejection;
 use crate::metrics::metrics;
-use crate::store::Appended;
+use crate::store::{Appended, WriteOp, Written};
+use crate::writer::{WriteFailure, Writer};
 
 const BATCHES: &str = "imcore.batch";
 const ROUTES: &str = "imcore.route";
 const LOST: &str = "imcore.lost";
 const CONFIRM: &str = "imcore.confirm";
+const NODES: &str = "imcore.node";
+const WRITES: &str = "imcore.write";
 
 /// Batches and claims waiting for the bus. Past it this node's batches are
 /// lost to the others, and it says so (`imcore.lost`) once it can.
@@ -73,7 +82,7 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// This process's name in the cluster: random per start, so a restarted node
 /// is a new one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NodeId(String);
 
 impl NodeId {
@@ -83,6 +92,11 @@ impl NodeId {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    #[cfg(test)]
+    pub fn named(name: &str) -> Self {
+        Self(name.to_owned())
     }
 }
 
@@ -102,9 +116,76 @@ struct Claim {
     conn: u64,
 }
 
+/// A write on its way to its conversation's home node.
+#[derive(Serialize, Deserialize)]
+struct Forward {
+    conv: ConvId,
+    op: WriteOp,
+}
+
+/// The home node's answer to a [`Forward`].
+#[derive(Serialize, Deserialize)]
+enum Answer {
+    Written(Written),
+    Rejected(Rejection),
+    Overloaded,
+    Failed(String),
+}
+
+impl From<Result<Written, WriteFailure>> for Answer {
+    fn from(result: Result<Written, WriteFailure>) -> Self {
+        match result {
+            Ok(written) => Answer::Written(written),
+            Err(WriteFailure::Rejected(r)) => Answer::Rejected(r),
+            Err(WriteFailure::Overloaded) => Answer::Overloaded,
+            Err(WriteFailure::Internal(cause)) => Answer::Failed(cause.to_string()),
+        }
+    }
+}
+
+impl From<Answer> for Result<Written, WriteFailure> {
+    fn from(answer: Answer) -> Self {
+        match answer {
+            Answer::Written(written) => Ok(written),
+            Answer::Rejected(r) => Err(WriteFailure::Rejected(r)),
+            Answer::Overloaded => Err(WriteFailure::Overloaded),
+            Answer::Failed(cause) => Err(WriteFailure::internal(format!("at the home node: {cause}"))),
+        }
+    }
+}
+
+/// Where a write goes.
+pub enum Route {
+    /// To its home node; the answer comes here.
+    Forwarded(oneshot::Receiver<Forwarded>),
+    Here(ConvId, WriteOp),
+}
+
+/// What became of a forwarded write.
+pub enum Forwarded {
+    /// The home node wrote it (or refused it).
+    Answered(Result<Written, WriteFailure>),
+    /// No node listens at the home (it died or left): nothing was written
+    /// there; the op comes back to be written here.
+    NotThere(ConvId, WriteOp),
+    /// This node lost its bus connection with the write in flight: it may or
+    /// may not have been written.
+    Lost,
+}
+
+/// A forwarded write waiting for its answer, by reply token.
+struct Pending {
+    reply: oneshot::Sender<Forwarded>,
+    /// Kept for [`Forwarded::NotThere`].
+    forward: Forward,
+}
+
+type PendingWrites = Arc<Mutex<HashMap<u64, Pending>>>;
+
 enum Outbound {
     Batch(Arc<Appended>),
     Claim(Claim),
+    Forward(super::NodeId, Forward, oneshot::Sender<Forwarded>),
 }
 
 /// This node's side of the bus, as delivery sees it ([`Peers`]).
@@ -114,6 +195,9 @@ pub struct Bus {
     /// Set when something of ours did not reach the bus; cleared by the
     /// `imcore.lost` notice that tells the other nodes.
     lost: Arc<AtomicBool>,
+    /// The nodes taking homes; `None` when this node takes none (and so
+    /// forwards nothing: every write is written here).
+    homes: Option<Arc<Homes>>,
 }
 
 impl Peers for Bus {
@@ -128,10 +212,15 @@ impl Peers for Bus {
 
 impl Bus {
     /// Connects this node to NATS at `url` and joins `delivery` to the
-    /// cluster. Returns once the subscriptions are in place; the bus stops
-    /// when `delivery` is dropped.
-    pub async fn join(url: &str, delivery: &Arc<Delivery>) -> Result<NodeId, BusError> {
+    /// cluster. With `homes`, this node takes conversations' homes and writes
+    /// what other nodes forward to it with `writer`, and forwards its own
+    /// writes to their homes (`home::write_at_home`). Returns once the
+    /// subscriptions are in place; the bus stops when `delivery` is dropped.
+    pub async fn join(url: &str, delivery: &Arc<Delivery>, writer: &Writer, homes: bool) -> Result<Arc<Bus>, BusError> {
         let node = NodeId::random();
+        let homes = homes.then(|| Arc::new(Homes::new(node.clone())));
+        let serving = homes.as_ref().map(|homes| (writer.clone(), homes.clone()));
+        let pending = PendingWrites::default();
         let (events_in, events) = mpsc::unbounded_channel();
         let options = ConnectOptions::new()
             .name(node.as_str())
@@ -152,10 +241,11 @@ impl Bus {
             });
         let (outbox, outgoing) = mpsc::channel(OUTBOX);
         let lost = Arc::new(AtomicBool::new(false));
-        let bus = Arc::new(Bus { node: node.clone(), outbox, lost: lost.clone() });
+        let bus = Arc::new(Bus { node: node.clone(), outbox, lost: lost.clone(), homes });
         let (ready, started) = oneshot::channel();
         let (url_owned, weak, answers) = (url.to_owned(), Arc::downgrade(delivery), bus.outbox.downgrade());
         let confirm_subject = format!("{CONFIRM}.{}", node.as_str());
+        let node_name = node.as_str().to_owned();
         std::thread::Builder::new()
             .name("bus".into())
             .spawn(move || {
@@ -166,11 +256,15 @@ impl Bus {
                 runtime.block_on(async move {
                     let subscribed = async {
                         let client = options.connect(url_owned.as_str()).await.map_err(|e| e.to_string())?;
-                        let subs = Subscriptions::open(&client, &confirm_subject).await.map_err(|e| e.to_string())?;
-                        Ok::<_, String>((client, subs))
+                        let inbox = client.new_inbox();
+                        let serves = serving.is_some().then_some(node_name.as_str());
+                        let subs = Subscriptions::open(&client, &confirm_subject, serves, &inbox)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok::<_, String>((client, subs, inbox))
                     };
                     match subscribed.await {
-                        Ok((client, subs)) => {
+                        Ok((client, subs, inbox)) => {
                             let _ = ready.send(Ok(()));
                             let reconnected = Arc::new(Notify::new());
                             let inbound = Inbound {
@@ -180,6 +274,9 @@ impl Bus {
                                 reconnected: reconnected.clone(),
                                 confirm_subject: confirm_subject.clone(),
                                 down: false,
+                                serving,
+                                pending: pending.clone(),
+                                node: node_name,
                             };
                             tokio::spawn(inbound.run(subs, events));
                             let publisher = Publisher {
@@ -189,6 +286,9 @@ impl Bus {
                                 reconnected,
                                 unconfirmed: Vec::new(),
                                 confirm_subject,
+                                inbox,
+                                pending,
+                                next_token: 0,
                             };
                             publisher.run().await;
                         }
@@ -199,9 +299,24 @@ impl Bus {
             .map_err(BusError::Thread)?;
         let connect_error = |cause: String| BusError::Connect { url: url.to_owned(), cause };
         started.await.map_err(|_| connect_error("the bus thread ended".into()))?.map_err(connect_error)?;
-        delivery.join(bus);
-        tracing::info!(node = node.as_str(), url, "joined the cluster bus");
-        Ok(node)
+        delivery.join(bus.clone());
+        tracing::info!(node = node.as_str(), url, homes = bus.homes.is_some(), "joined the cluster bus");
+        Ok(bus)
+    }
+
+    /// Hands `op` to the bus for `conv`'s home node, if that is another
+    /// node. Else gives it back to be written here: the home is here, this
+    /// node takes no homes, or the outbox is full.
+    pub fn forward(&self, conv: ConvId, op: WriteOp) -> Route {
+        let Some(home) = self.homes.as_ref().and_then(|homes| homes.home_of(&conv)) else {
+            return Route::Here(conv, op);
+        };
+        let Ok(slot) = self.outbox.try_reserve() else {
+            return Route::Here(conv, op);
+        };
+        let (reply, answer) = oneshot::channel();
+        slot.send(Outbound::Forward(home, Forward { conv, op }, reply));
+        Route::Forwarded(answer)
     }
 
     fn send(&self, message: Outbound) {
@@ -237,6 +352,10 @@ struct Publisher {
     unconfirmed: Vec<(String, Bytes)>,
     /// `imcore.confirm.<node>`: nobody subscribes to it.
     confirm_subject: String,
+    /// Where the answers to this node's forwarded writes come (`<inbox>.<token>`).
+    inbox: String,
+    pending: PendingWrites,
+    next_token: u64,
 }
 
 impl Publisher {
@@ -262,9 +381,10 @@ impl Publisher {
     }
 
     async fn send(&mut self, message: Outbound) {
-        let encoded = match &message {
-            Outbound::Batch(a) => serde_json::to_vec(&**a).map(|b| (format!("{BATCHES}.{}", a.conv_id), b)),
-            Outbound::Claim(c) => serde_json::to_vec(c).map(|b| (ROUTES.to_owned(), b)),
+        let encoded = match message {
+            Outbound::Batch(a) => serde_json::to_vec(&*a).map(|b| (format!("{BATCHES}.{}", a.conv_id), b)),
+            Outbound::Claim(c) => serde_json::to_vec(&c).map(|b| (ROUTES.to_owned(), b)),
+            Outbound::Forward(home, forward, reply) => return self.forward(home, forward, reply).await,
         };
         let Ok((subject, bytes)) = encoded else {
             return self.lost.store(true, Ordering::Relaxed);
@@ -279,6 +399,30 @@ impl Publisher {
             self.lost.store(true, Ordering::Relaxed);
         }
         self.unconfirmed.push((subject, bytes));
+    }
+
+    /// Publishes a write for its home node, answered on this node's inbox.
+    /// Not kept for publishing again: a lost request is answered `Lost`
+    /// (the caller's retry with the same key is safe), not repeated.
+    async fn forward(&mut self, home: super::NodeId, forward: Forward, reply: oneshot::Sender<Forwarded>) {
+        let bytes = match serde_json::to_vec(&forward) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => {
+                tracing::error!(error = %e, "bus: a write that does not encode is written here");
+                return drop(reply.send(Forwarded::NotThere(forward.conv, forward.op)));
+            }
+        };
+        let token = self.next_token;
+        self.next_token += 1;
+        let subject = format!("{WRITES}.{}", home.as_str());
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(token, Pending { reply, forward });
+        if self.client.publish_with_reply(subject, format!("{}.{token}", self.inbox), bytes).await.is_err() {
+            // Never queued on the connection: nothing went out, so it is written here.
+            let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&token);
+            if let Some(Pending { reply, forward }) = pending {
+                let _ = reply.send(Forwarded::NotThere(forward.conv, forward.op));
+            }
+        }
     }
 
     /// Forgets what a round trip on the connection it went out on confirmed:
@@ -332,15 +476,41 @@ struct Subscriptions {
     batches: Subscriber,
     routes: Subscriber,
     lost: Subscriber,
+    /// Those of a node taking homes.
+    homes: Option<HomeSubscriptions>,
+}
+
+struct HomeSubscriptions {
+    /// Heartbeats of the nodes taking homes.
+    nodes: Subscriber,
+    /// Writes forwarded to this node.
+    writes: Subscriber,
+    /// Answers to the writes this node forwarded.
+    answers: Subscriber,
 }
 
 impl Subscriptions {
-    /// Subscribes, then waits until the server has the subscriptions.
-    async fn open(client: &Client, confirm_subject: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+    /// Subscribes, then waits until the server has the subscriptions. With
+    /// `homes` (this node's name), also to what a node taking homes hears.
+    async fn open(
+        client: &Client,
+        confirm_subject: &str,
+        homes: Option<&str>,
+        inbox: &str,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let homes = match homes {
+            Some(node) => Some(HomeSubscriptions {
+                nodes: client.subscribe(NODES).await?,
+                writes: client.subscribe(format!("{WRITES}.{node}")).await?,
+                answers: client.subscribe(format!("{inbox}.*")).await?,
+            }),
+            None => None,
+        };
         let subs = Self {
             batches: client.subscribe(format!("{BATCHES}.>")).await?,
             routes: client.subscribe(ROUTES).await?,
             lost: client.subscribe(LOST).await?,
+            homes,
         };
         if !round_trip(client, confirm_subject).await {
             return Err("NATS did not confirm the subscriptions".into());
@@ -355,6 +525,18 @@ enum Input {
     Lost,
     Event(Event),
     Tick,
+    Heartbeat,
+    Node(Message),
+    Write(Message),
+    Answer(Message),
+}
+
+/// The next message of a subscription this node may not have.
+async fn next(subscriber: Option<&mut Subscriber>) -> Option<Message> {
+    match subscriber {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What comes in from the bus, handed to this node's delivery.
@@ -369,18 +551,35 @@ struct Inbound {
     confirm_subject: String,
     /// Disconnected from NATS since the last `Connected`.
     down: bool,
+    /// A node taking homes: the writer for what is forwarded here, and the
+    /// live nodes its heartbeats keep.
+    serving: Option<(Writer, Arc<Homes>)>,
+    pending: PendingWrites,
+    node: String,
 }
 
 impl Inbound {
     async fn run(mut self, mut subs: Subscriptions, mut events: mpsc::UnboundedReceiver<Event>) {
         let mut reorder_ticks = tokio::time::interval(REORDER_WAIT / 4);
         reorder_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut heartbeats = tokio::time::interval(HEARTBEAT);
+        heartbeats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let takes_homes = subs.homes.is_some();
         loop {
+            let homes = subs.homes.as_mut();
+            let (nodes, writes, answers) = match homes {
+                Some(h) => (Some(&mut h.nodes), Some(&mut h.writes), Some(&mut h.answers)),
+                None => (None, None, None),
+            };
             let input = tokio::select! {
                 _ = reorder_ticks.tick() => Input::Tick,
+                _ = heartbeats.tick(), if takes_homes => Input::Heartbeat,
                 Some(m) = subs.batches.next() => Input::Batch(m),
                 Some(m) = subs.routes.next() => Input::Claim(m),
                 Some(_) = subs.lost.next() => Input::Lost,
+                Some(m) = next(nodes) => Input::Node(m),
+                Some(m) = next(writes) => Input::Write(m),
+                Some(m) = next(answers) => Input::Answer(m),
                 Some(event) = events.recv() => Input::Event(event),
                 else => return,
             };
@@ -395,6 +594,10 @@ impl Inbound {
                 }
                 Input::Event(event) => self.event(&delivery, event).await,
                 Input::Tick => delivery.expire_reordered(),
+                Input::Heartbeat => self.heartbeat().await,
+                Input::Node(m) => self.heard(&m),
+                Input::Write(m) => self.serve(m),
+                Input::Answer(m) => self.answered(&m),
             }
         }
     }
@@ -430,12 +633,68 @@ impl Inbound {
         }
     }
 
+    /// Says this node is alive, and forgets the nodes that went silent and
+    /// the forwarded writes whose callers stopped waiting.
+    async fn heartbeat(&self) {
+        let Some((_, homes)) = &self.serving else { return };
+        homes.expire(Instant::now());
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, p| !p.reply.is_closed());
+        let _ = self.client.publish(NODES, Bytes::from(self.node.clone())).await;
+    }
+
+    fn heard(&self, m: &Message) {
+        let (Some((_, homes)), Ok(node)) = (&self.serving, std::str::from_utf8(&m.payload)) else { return };
+        homes.heard(NodeId(node.to_owned()), Instant::now());
+    }
+
+    /// Writes what another node forwarded here, in the order it came (each
+    /// op is queued before the next message is read), and answers it.
+    fn serve(&self, m: Message) {
+        let (Some((writer, _)), Some(reply_to)) = (&self.serving, m.reply) else { return };
+        metrics().forwarded_writes.with_label_values(&["served"]).inc();
+        let written = serde_json::from_slice::<Forward>(&m.payload).map(|f| writer.write(f.conv, f.op));
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            let answer = match written {
+                Ok(written) => Answer::from(written.await),
+                Err(e) => Answer::Failed(format!("the forwarded write does not decode: {e}")),
+            };
+            match serde_json::to_vec(&answer) {
+                Ok(bytes) => drop(client.publish(reply_to, Bytes::from(bytes)).await),
+                Err(e) => tracing::error!(error = %e, "bus: an answer that does not encode"),
+            }
+        });
+    }
+
+    fn answered(&self, m: &Message) {
+        let token = m.subject.rsplit('.').next().and_then(|t| t.parse::<u64>().ok());
+        let pending = token.and_then(|t| self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&t));
+        let Some(Pending { reply, forward }) = pending else { return };
+        let forwarded = if m.status == Some(StatusCode::NO_RESPONDERS) {
+            Forwarded::NotThere(forward.conv, forward.op)
+        } else {
+            match serde_json::from_slice::<Answer>(&m.payload) {
+                Ok(answer) => Forwarded::Answered(answer.into()),
+                Err(e) => {
+                    Forwarded::Answered(Err(WriteFailure::internal(format!("an answer that does not decode: {e}"))))
+                }
+            }
+        };
+        let _ = reply.send(forwarded);
+    }
+
     async fn event(&mut self, delivery: &Delivery, event: Event) {
         match event {
             Event::Disconnected => {
                 tracing::warn!("bus: disconnected from NATS: every user here resyncs");
                 self.down = true;
                 delivery.resync_all();
+                if let Some((_, homes)) = &self.serving {
+                    homes.alone();
+                }
+                for (_, pending) in self.pending.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+                    let _ = pending.reply.send(Forwarded::Lost);
+                }
             }
             Event::Connected if self.down => {
                 // The subscriptions go out again before anything else on the

@@ -8,9 +8,12 @@
 //!   every device here resync.
 //! * `routing` — what a route claim from another node does here (P7 across
 //!   nodes: the connection with the highest cluster-wide id keeps the route).
+//! * `home` — which node a conversation's writes go to, and writing there.
 
 mod bus;
+mod home;
 mod routing;
 
 pub use bus::{Bus, BusError, NodeId};
+pub use home::write_at_home;
 pub use routing::{settle, Settled};

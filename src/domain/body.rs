@@ -14,7 +14,10 @@ pub enum BodyError {
 }
 
 /// A checked body: canonical text (object keys sorted, no whitespace) and its fingerprint.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Between nodes it travels as its text (a write forwarded to the
+/// conversation's home, ARCHITECTURE §7).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct Body {
     text: String,
     fingerprint: [u8; 32],
@@ -29,9 +32,14 @@ impl Body {
         if text.len() > max_bytes {
             return Err(BodyError::TooLarge { size: text.len(), max: max_bytes });
         }
+        Ok(Self::canonical(text, value))
+    }
+
+    /// `text` must be `value`'s canonical serialization.
+    fn canonical(text: String, value: &Value) -> Self {
         let fingerprint = Sha256::digest(text.as_bytes()).into();
         let mention_all = value.get("mention_all") == Some(&Value::Bool(true));
-        Ok(Self { text, fingerprint, mention_all })
+        Self { text, fingerprint, mention_all }
     }
 
     pub fn text(&self) -> &str {
@@ -45,6 +53,22 @@ impl Body {
     /// `body.mention_all == true` needs the `AT_ALL` permission bit.
     pub fn mention_all(&self) -> bool {
         self.mention_all
+    }
+}
+
+impl From<Body> for String {
+    fn from(body: Body) -> String {
+        body.text
+    }
+}
+
+/// A body another node checked (its size limit included); serialized again,
+/// so the text is canonical whatever arrived.
+impl TryFrom<String> for Body {
+    type Error = serde_json::Error;
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        let value: Value = serde_json::from_str(&text)?;
+        Ok(Self::canonical(value.to_string(), &value))
     }
 }
 

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 /// intervals can add to a time, so no check against one can overflow.
 pub const MAX_DURATION_MS: i64 = 100 * 36_524 * 24 * 3_600 * 1_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Role {
     Owner,
     Admin,
@@ -44,7 +44,7 @@ impl FromStr for DeliveryMode {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum JoinMode {
     Invite,
     Approval,

@@ -1,13 +1,16 @@
+use std::borrow::Cow;
+
 /// Why a well-formed request was refused. Each maps to one PROTOCOL §2 code
 /// (`crate::protocol::ErrorCode::from`); a rejected request changed nothing.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Serialized only between nodes (a forwarded write's answer, ARCHITECTURE §7).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum Rejection {
     #[error("{0}")]
     BadRequest(String),
     #[error("not a member of this conversation")]
     NotMember,
     #[error("{0}")]
-    Forbidden(&'static str),
+    Forbidden(Cow<'static, str>),
     #[error("muted")]
     Muted,
     #[error("the group was dismissed")]
@@ -25,7 +28,7 @@ pub enum Rejection {
     #[error("the conversation's epoch is now {epoch}")]
     EpochChanged { epoch: i32, min_seq: i64 },
     #[error("{0} not found")]
-    NotFound(&'static str),
+    NotFound(Cow<'static, str>),
     #[error("{0} already exists")]
-    AlreadyExists(&'static str),
+    AlreadyExists(Cow<'static, str>),
 }

@@ -30,6 +30,7 @@ pub mod ops;
 mod request;
 mod session;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -38,20 +39,25 @@ use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 use dashmap::DashMap;
 use imcore_actors::registry::ConnId;
+use imcore_actors::ConvId;
 
 pub use error::ApiError;
 
 use crate::budget::MemoryBudget;
+use crate::cluster::{write_at_home, Bus};
 use crate::config::Config;
 use crate::delivery::{Delivery, Push};
 use crate::metrics::metrics;
-use crate::store::Store;
-use crate::writer::Writer;
+use crate::store::{Store, WriteOp, Written};
+use crate::writer::{WriteFailure, Writer};
 
 /// Shared by every worker.
 pub struct AppState {
     pub store: Store,
+    /// This node's writer; writes go through [`AppState::write`].
     pub writer: Writer,
+    /// The cluster bus, when this node is one of several.
+    pub bus: Option<Arc<Bus>>,
     /// Owns the route registry (`delivery.routes()`).
     pub delivery: Arc<Delivery>,
     pub admin_token: String,
@@ -72,6 +78,7 @@ impl AppState {
     pub fn new(
         store: Store,
         writer: Writer,
+        bus: Option<Arc<Bus>>,
         delivery: Arc<Delivery>,
         admin_token: String,
         config: Arc<Config>,
@@ -79,6 +86,7 @@ impl AppState {
         Self {
             store,
             writer,
+            bus,
             delivery,
             admin_token,
             sessions: DashMap::new(),
@@ -88,6 +96,11 @@ impl AppState {
             config,
             shutting_down: AtomicBool::new(false),
         }
+    }
+
+    /// Writes `op` at `conv`'s home node: here, or forwarded to it (ARCHITECTURE §7).
+    pub fn write(&self, conv: ConvId, op: WriteOp) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
+        write_at_home(self.bus.as_deref(), &self.writer, conv, op)
     }
 
     pub fn shutting_down(&self) -> bool {

@@ -75,7 +75,7 @@ pub fn dispatch(
                 client_msg_id,
                 body,
             });
-            let written = state.writer.write(conv, op);
+            let written = state.write(conv, op);
             async move {
                 let (_running, _permit) = (running, permit);
                 let result = written.await;
@@ -94,12 +94,12 @@ pub fn dispatch(
         // Queued like a send, so one connection's ops keep their order.
         Request::Group { conv, change } => {
             let op = WriteOp::Group(GroupOp { actor: caller.user_id.clone(), change });
-            queued(state.writer.write(conv, op), running).instrument(span.clone()).boxed_local()
+            queued(state.write(conv, op), running).instrument(span.clone()).boxed_local()
         }
         Request::Recall { conv, target_seq } => {
             let (actor, device) = (caller.user_id.clone(), caller.device_id.clone());
             let op = WriteOp::Recall(RecallOp { actor, device, target_seq });
-            queued(state.writer.write(conv, op), running).instrument(span.clone()).boxed_local()
+            queued(state.write(conv, op), running).instrument(span.clone()).boxed_local()
         }
         other => async move {
             let _running = running;

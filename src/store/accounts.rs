@@ -40,7 +40,7 @@ impl Store {
             )
             .await?;
         if inserted == 0 {
-            return Err(Rejection::AlreadyExists("user").into());
+            return Err(Rejection::AlreadyExists("user".into()).into());
         }
         Ok(())
     }
@@ -62,7 +62,9 @@ impl Store {
             .await;
         match result {
             Ok(_) => Ok(DeviceToken { user_id: user.clone(), device_id: device.clone(), token }),
-            Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => Err(Rejection::NotFound("user").into()),
+            Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
+                Err(Rejection::NotFound("user".into()).into())
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -192,7 +192,7 @@ impl Store {
         let inserted = match inserted {
             Ok(n) => n,
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) => {
-                return Err(Rejection::NotFound("user").into())
+                return Err(Rejection::NotFound("user".into()).into())
             }
             Err(e) => return Err(e.into()),
         };
@@ -205,7 +205,7 @@ impl Store {
                 }),
                 // The same answer whoever holds the id and whatever it is:
                 // only "not available", never whether the caller could see it.
-                _ => Err(Rejection::Forbidden(TAKEN_ID).into()),
+                _ => Err(Rejection::Forbidden(TAKEN_ID.into()).into()),
             };
         }
         let mut joins = vec![WriteOp::Join(JoinOp {
@@ -248,7 +248,7 @@ impl Store {
                 &[(&conv.as_str(), Type::TEXT)],
             )
             .await?
-            .ok_or(Rejection::NotFound("conversation"))?;
+            .ok_or(Rejection::NotFound("conversation".into()))?;
         Ok(row.get(0))
     }
 }

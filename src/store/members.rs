@@ -130,7 +130,7 @@ impl Store {
         let c = self.pool.get().await?;
         let (role, _) = caller_role(&**c, conv, caller).await?;
         if role == Role::Member {
-            return Err(Rejection::Forbidden("only the owner and admins see applications").into());
+            return Err(Rejection::Forbidden("only the owner and admins see applications".into()).into());
         }
         let after = after.map_or("", UserId::as_str);
         let rows = c

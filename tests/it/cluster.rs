@@ -1,5 +1,6 @@
 //! Three nodes on one PostgreSQL and one NATS server (ARCHITECTURE §7):
-//! batches reach members on every node once and in order, a device's newest
+//! batches reach members on every node once and in order, a conversation is
+//! written by its home node and moves when that node dies, a device's newest
 //! connection keeps its route across nodes, a killed node's devices carry on
 //! elsewhere with nothing acked lost or doubled, and a NATS restart degrades
 //! delivery to resync and recovers by itself.
@@ -9,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-use crate::cluster_harness::{Cluster, Node};
+use crate::cluster_harness::{homes_settled, Cluster, Node};
 use crate::evidence::Check;
 use crate::gateway::{hi, WAIT};
 use crate::server::Ws;
@@ -101,15 +102,15 @@ async fn a_batch_reaches_the_online_members_on_every_node_once_and_in_seq_order(
         "3 nodes, 6 members (2 per node), each sends 10 at once",
         "every device is pushed each other member's message exactly once, ascending seq, and is never closed",
     );
-    let c = Cluster::start(3).await;
+    // Every node writes the group itself (no home node): batches reach each
+    // node from its own actor and from the bus, interleaved.
+    let c = Cluster::start_writing_locally(3).await;
     let users = ["u0", "u1", "u2", "u3", "u4", "u5"];
     let tokens = members(&c, "g-x", &users).await;
     let mut devices = Vec::new();
     for (i, t) in tokens.iter().enumerate() {
         devices.push(c.nodes[i % 3].ws(t).await);
     }
-    // Every node's actor writes the group in turn: batches reach each node from
-    // its own actor and from the bus, interleaved.
     let sends = devices
         .iter_mut()
         .enumerate()
@@ -126,6 +127,128 @@ async fn a_batch_reaches_the_online_members_on_every_node_once_and_in_seq_order(
         observed.push(json!({"device": users[i], "node": i % 3, "expected": expected.len(), "pushed": got.len(), "in_order_once": got == expected}));
     }
     assert!(check.resolve(json!({"devices": observed}), pass), "cross-node delivery: {observed:?}");
+}
+
+/// A node's forwarded writes so far: `[served, answered, not_there]`.
+async fn forwarding(node: &Node) -> [f64; 3] {
+    let mut counts = [0.0; 3];
+    for (count, outcome) in counts.iter_mut().zip(["served", "answered", "not_there"]) {
+        *count = node.metric(&format!("imcore_forwarded_writes_total{{outcome=\"{outcome}\"}}")).await;
+    }
+    counts
+}
+
+/// Sends `keys` on `ws` all at once, and again any answered `INTERNAL` (a
+/// write forwarded to a home that died with it in flight) with the same key,
+/// as a client does; the number of such retries.
+async fn send_retrying(ws: &mut Ws, conv: &str, keys: &[String]) -> usize {
+    let mut retries = 0;
+    let mut left = keys.to_vec();
+    while !left.is_empty() {
+        let mut ids = Vec::new();
+        for key in &left {
+            ids.push(ws.start("send", hi(key, conv, "hello")).await);
+        }
+        let mut again = Vec::new();
+        for (id, key) in ids.into_iter().zip(left) {
+            let ack = ws.reply(id).await;
+            match ack["error"]["code"].as_str() {
+                None => assert!(ack["seq"].is_i64(), "send not acked: {ack}"),
+                Some("INTERNAL") if retries < keys.len() => again.push(key),
+                Some(_) => panic!("send refused: {ack}"),
+            }
+        }
+        retries += again.len();
+        left = again;
+    }
+    retries
+}
+
+/// Whether `log` is gapless from its first seq, with every key once.
+fn gapless_once(log: &[(i64, String)]) -> bool {
+    let keys: BTreeSet<&String> = log.iter().map(|(_, k)| k).collect();
+    keys.len() == log.len() && log.windows(2).all(|w| w[1].0 == w[0].0 + 1)
+}
+
+#[actix_web::test]
+async fn a_conversation_spread_over_the_nodes_is_written_by_its_home_node_alone() {
+    let check = Check::start(
+        SUITE,
+        "13-home-node",
+        "3 nodes, 3 members one per node, each sends 20 at once",
+        "one node (the home) writes all 60: it serves the other two nodes' 40 over the bus and forwards none; the log is gapless, every key once",
+    );
+    let c = Cluster::start(3).await;
+    let tokens = members(&c, "g-h", &["h0", "h1", "h2"]).await;
+    let mut devices = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        devices.push(c.nodes[i].ws(t).await);
+    }
+    let sends = devices
+        .iter_mut()
+        .enumerate()
+        .map(|(i, ws)| async move { send_all(ws, "g-h", &keys(&format!("h{i}"), 20)).await });
+    join_all(sends).await;
+    let counts = join_all(c.nodes.iter().map(forwarding)).await;
+    let homes: Vec<usize> = (0..3).filter(|&i| counts[i][0] > 0.0).collect();
+    let home_alone = homes.len() == 1
+        && (0..3).all(|i| match i == homes[0] {
+            true => counts[i] == [40.0, 0.0, 0.0],
+            false => counts[i] == [0.0, 20.0, 0.0],
+        });
+    let log = sync_all(&mut devices[0], "g-h").await;
+    let observed = json!({"served_answered_not_there": counts, "home": homes, "logged": log.len(), "gapless_once": gapless_once(&log)});
+    let pass = home_alone && log.len() == 60 && gapless_once(&log);
+    assert!(check.resolve(observed.clone(), pass), "{observed}");
+}
+
+#[actix_web::test]
+async fn a_killed_home_nodes_conversations_move_to_the_survivors_and_every_ack_stands() {
+    let check = Check::start(
+        SUITE,
+        "13-home-moves",
+        "3 nodes, 3 members one per node; SIGKILL the conversation's home; the survivors send at once, then again once they have forgotten it",
+        "sends right after the kill are written where they arrive (nobody at the home); the survivors forget the dead node within the node timeout and agree on a new home that serves the other's sends; every acked key once, gapless",
+    );
+    let mut c = Cluster::start(3).await;
+    let tokens = members(&c, "g-m", &["m0", "m1", "m2"]).await;
+    let mut devices = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        devices.push(c.nodes[i].ws(t).await);
+    }
+    for (i, ws) in devices.iter_mut().enumerate() {
+        send_all(ws, "g-m", &keys(&format!("a{i}"), 1)).await;
+    }
+    let before = join_all(c.nodes.iter().map(forwarding)).await;
+    let home = (0..3).find(|&i| before[i][0] > 0.0).expect("one node served the others");
+    c.nodes[home].kill().await;
+    let killed = tokio::time::Instant::now();
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != home).collect();
+    // Right away: the survivors still take the dead node for the home; nobody listens there.
+    let mut retried = 0;
+    for &i in &survivors {
+        retried += send_retrying(&mut devices[i], "g-m", &keys(&format!("b{i}"), 5)).await;
+    }
+    let mid = join_all(survivors.iter().map(|&i| forwarding(&c.nodes[i]))).await;
+    homes_settled(&survivors.iter().map(|&i| &c.nodes[i]).collect::<Vec<_>>()).await;
+    let moved_ms = killed.elapsed().as_millis();
+    for &i in &survivors {
+        send_all(&mut devices[i], "g-m", &keys(&format!("c{i}"), 10)).await;
+    }
+    let after = join_all(survivors.iter().map(|&i| forwarding(&c.nodes[i]))).await;
+    let served: Vec<f64> = (0..2).map(|j| after[j][0] - mid[j][0]).collect();
+    let answered: Vec<f64> = (0..2).map(|j| after[j][1] - mid[j][1]).collect();
+    let not_there: f64 = (0..2).map(|j| mid[j][2] - before[survivors[j]][2]).sum();
+    let new_home = served.iter().filter(|&&s| s == 10.0).count() == 1 && answered.iter().sum::<f64>() == 10.0;
+    let log = sync_all(&mut devices[survivors[0]], "g-m").await;
+    let observed = json!({
+        "home": home, "written_where_they_arrived": not_there, "retried": retried, "moved_ms": moved_ms,
+        "new_home_served": served, "answered_by_new_home": answered, "logged": log.len(), "gapless_once": gapless_once(&log),
+    });
+    // A send racing NATS's notice of the dead connection is lost with it: its
+    // retry is written where it arrives, or (after the move) at the new home.
+    let pass = not_there + retried as f64 >= 10.0 && new_home && log.len() == 3 + 10 + 20 && gapless_once(&log);
+    assert!(check.resolve(observed.clone(), pass), "{observed}");
 }
 
 /// Whether `ws` was told `kicked: replaced` and closed.

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use crate::harness::TestDb;
 use crate::server::{http_raw, Ws, ADMIN};
+use crate::sync_points::sample;
 
 /// Starting a node or NATS takes well under this.
 const START: Duration = Duration::from_secs(30);
@@ -120,6 +121,19 @@ impl Nats {
     }
 }
 
+/// Waits until each of `nodes` knows exactly these nodes take homes (their
+/// heartbeats heard, the silent ones forgotten), so they agree on every
+/// conversation's home.
+pub async fn homes_settled(nodes: &[&Node]) {
+    let deadline = tokio::time::Instant::now() + START;
+    for node in nodes {
+        while node.metric("imcore_cluster_nodes").await != nodes.len() as f64 {
+            assert!(tokio::time::Instant::now() < deadline, "the nodes never settled on who takes homes");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// One `imcore` process.
 pub struct Node {
     child: Child,
@@ -128,8 +142,9 @@ pub struct Node {
 }
 
 impl Node {
-    async fn start(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path) -> Self {
+    async fn start(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path, homes: bool) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_imcore"))
+            .env("IMCORE_HOME_NODE", if homes { "on" } else { "off" })
             .env("DATABASE_URL", database_url)
             .env("IMCORE_NATS_URL", nats_url)
             .env("IMCORE_LISTEN", format!("{host}:0"))
@@ -170,6 +185,16 @@ impl Node {
 
     pub async fn try_ws(&self, token: &str) -> Result<Ws, u16> {
         Ws::connect_url(&format!("ws://{}:{}/v1/ws?token={token}", self.host, self.port)).await
+    }
+
+    /// The value of `series` in the node's `/metrics` (0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let mut stream = TcpStream::connect((self.host, self.port)).await.expect("connect for /metrics");
+        let ask = b"GET /metrics HTTP/1.1\r\nHost: imcore\r\nConnection: close\r\n\r\n";
+        stream.write_all(ask).await.expect("ask for /metrics");
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.expect("read /metrics");
+        sample(&Value::String(text), series)
     }
 }
 
@@ -246,12 +271,24 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// `n` nodes taking conversations' homes, once each knows all the others.
     pub async fn start(n: u8) -> Self {
         Self::start_relayed(n, None).await.0
     }
 
+    /// `n` nodes each writing every conversation itself (`IMCORE_HOME_NODE=off`).
+    pub async fn start_writing_locally(n: u8) -> Self {
+        Self::start_nodes(n, None, false).await.0
+    }
+
     /// Node `relayed` (if any) reaches NATS through a [`Relay`].
     pub async fn start_relayed(n: u8, relayed: Option<usize>) -> (Self, Option<Relay>) {
+        let (cluster, relay) = Self::start_nodes(n, relayed, true).await;
+        homes_settled(&cluster.nodes.iter().collect::<Vec<_>>()).await;
+        (cluster, relay)
+    }
+
+    async fn start_nodes(n: u8, relayed: Option<usize>, homes: bool) -> (Self, Option<Relay>) {
         let cpu = crate::harness::alone_with_the_cpu().await;
         let db = TestDb::with_pool(2).await;
         let nats = Nats::start().await;
@@ -266,7 +303,7 @@ impl Cluster {
                 Some(r) if relayed == Some(usize::from(i) - 1) => format!("nats://127.0.0.1:{}", r.port),
                 _ => nats.url(),
             };
-            nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir).await);
+            nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir, homes).await);
         }
         (Self { _cpu: cpu, _db: db, nats, nodes, data_dir }, relay)
     }

@@ -200,7 +200,7 @@ async fn every_refused_send_leaves_head_unchanged(path: Path) {
     expect(
         "mention_all without AT_ALL",
         got,
-        Rejection::Forbidden("your role may not mention everyone"),
+        Rejection::Forbidden("your role may not mention everyone".into()),
         env.head(&conv).await,
         h,
     );

@@ -41,7 +41,7 @@ impl BatchBuilder {
     ) -> WriteOutcome {
         let standing = members.get(&op.actor).cloned().ok_or(Rejection::NotMember)?;
         if !self.group {
-            return Err(Rejection::Forbidden("group ops do not apply to a direct conversation"));
+            return Err(Rejection::Forbidden("group ops do not apply to a direct conversation".into()));
         }
         if self.dismissed {
             return Err(Rejection::ConvDismissed);
@@ -58,7 +58,7 @@ impl BatchBuilder {
                 self.require(&standing, Permission::SetAdmin, "only the owner sets roles")?;
                 let mut target = self.target(members, user)?;
                 if target.role == Role::Owner {
-                    return Err(Rejection::Forbidden("the owner's role changes only by transfer_owner"));
+                    return Err(Rejection::Forbidden("the owner's role changes only by transfer_owner".into()));
                 }
                 (target.role, target.role_until) = (*role, until.filter(|_| *role == Role::Admin));
                 let change = json!({"role": {
@@ -70,7 +70,7 @@ impl BatchBuilder {
                 self.require(&standing, Permission::SetAdmin, "only the owner sets permissions")?;
                 let mut target = self.target(members, user)?;
                 if target.role == Role::Owner {
-                    return Err(Rejection::Forbidden("the owner holds every permission"));
+                    return Err(Rejection::Forbidden("the owner holds every permission".into()));
                 }
                 target.extra_perms = *extra_perms;
                 let change = json!({"perms": {"user_id": user, "extra_perms": extra_perms}});
@@ -80,7 +80,7 @@ impl BatchBuilder {
                 self.require(&standing, Permission::Mute, "your role may not mute")?;
                 let mut target = self.target(members, user)?;
                 if target.is_manager(self.now) && standing.role_at(self.now) != Role::Owner {
-                    return Err(Rejection::Forbidden("only the owner mutes the owner or an admin"));
+                    return Err(Rejection::Forbidden("only the owner mutes the owner or an admin".into()));
                 }
                 target.mute_until = *until;
                 let change = json!({"mute": {"user_id": user, "mute_until": until.map(format_time)}});
@@ -108,12 +108,12 @@ impl BatchBuilder {
         if standing.can(self.join_mode, self.now, bit) {
             Ok(())
         } else {
-            Err(Rejection::Forbidden(why))
+            Err(Rejection::Forbidden(why.into()))
         }
     }
 
     fn target(&self, members: &Roster, user: &UserId) -> Result<Standing, Rejection> {
-        members.get(user).cloned().ok_or(Rejection::NotFound("member"))
+        members.get(user).cloned().ok_or(Rejection::NotFound("member".into()))
     }
 
     /// Appends a `group` event of `actor` with `change`.
@@ -133,11 +133,11 @@ impl BatchBuilder {
     fn transfer(&mut self, caller: (&UserId, &Standing), user: &UserId, members: &mut Roster) -> WriteOutcome {
         let (actor, standing) = caller;
         if standing.role != Role::Owner {
-            return Err(Rejection::Forbidden("only the owner transfers ownership"));
+            return Err(Rejection::Forbidden("only the owner transfers ownership".into()));
         }
         let target = self.target(members, user)?;
         if user == actor {
-            return Err(Rejection::Forbidden("you are the owner already"));
+            return Err(Rejection::Forbidden("you are the owner already".into()));
         }
         for (who, role) in [(actor, Role::Admin), (user, Role::Owner)] {
             let now =
@@ -264,10 +264,13 @@ mod tests {
         assert!(matches!(b.member_changes.as_slice(), [MemberChange::Apply { .. }]));
         assert_eq!(
             op(&mut b, &mut r, "m", GroupChange::Approve(uid("x"))),
-            Err(Rejection::Forbidden("only the owner and admins decide applications"))
+            Err(Rejection::Forbidden("only the owner and admins decide applications".into()))
         );
         assert_eq!(op(&mut b, &mut r, "a", GroupChange::Approve(uid("x"))), Ok(Written::Joined { seq: 5 }));
-        assert_eq!(op(&mut b, &mut r, "a", GroupChange::Approve(uid("x"))), Err(Rejection::NotFound("application")));
+        assert_eq!(
+            op(&mut b, &mut r, "a", GroupChange::Approve(uid("x"))),
+            Err(Rejection::NotFound("application".into()))
+        );
     }
 
     #[test]
@@ -279,7 +282,7 @@ mod tests {
         assert!(forbidden(op(&mut b, &mut r, "a", GroupChange::Mute { user: uid("o"), until: None })));
         assert!(forbidden(op(&mut b, &mut r, "m", GroupChange::Kick(uid("n")))));
         assert!(forbidden(op(&mut b, &mut r, "o", GroupChange::Leave)));
-        assert_eq!(op(&mut b, &mut r, "a", GroupChange::Kick(uid("x"))), Err(Rejection::NotFound("member")));
+        assert_eq!(op(&mut b, &mut r, "a", GroupChange::Kick(uid("x"))), Err(Rejection::NotFound("member".into())));
         assert_eq!(op(&mut b, &mut r, "x", GroupChange::Leave), Err(Rejection::NotMember));
         assert_eq!(op(&mut b, &mut r, "o", GroupChange::Kick(uid("a"))), Ok(Written::Left { seq: 5 }));
         assert_eq!(op(&mut b, &mut r, "a", GroupChange::Leave), Err(Rejection::NotMember), "kicked in this batch");
@@ -294,7 +297,7 @@ mod tests {
         assert_eq!(op(&mut b, &mut r, "m", GroupChange::Kick(uid("n"))), Ok(Written::Left { seq: 6 }));
         b.now = until;
         let late = op(&mut b, &mut r, "m", GroupChange::Kick(uid("o")));
-        assert_eq!(late, Err(Rejection::Forbidden("your role may not kick")));
+        assert_eq!(late, Err(Rejection::Forbidden("your role may not kick".into())));
     }
 
     #[test]
@@ -302,7 +305,7 @@ mod tests {
         let (mut b, mut r) = arrange(JoinMode::Free);
         assert_eq!(
             op(&mut b, &mut r, "a", GroupChange::Dismiss),
-            Err(Rejection::Forbidden("only the owner dismisses the group"))
+            Err(Rejection::Forbidden("only the owner dismisses the group".into()))
         );
         assert_eq!(op(&mut b, &mut r, "o", GroupChange::Dismiss), Ok(Written::Changed { seq: 5 }));
         assert_eq!(op(&mut b, &mut r, "m", GroupChange::Leave), Err(Rejection::ConvDismissed));

@@ -18,7 +18,7 @@ impl BatchBuilder {
             return Err(Rejection::ConvDismissed);
         }
         if !known_users.contains(&op.user) {
-            return Err(Rejection::NotFound("user"));
+            return Err(Rejection::NotFound("user".into()));
         }
         if members.contains_key(&op.user) {
             return Err(Rejection::AlreadyMember);
@@ -53,10 +53,10 @@ impl BatchBuilder {
         let (actor, standing) = caller;
         let may_add = standing.can(self.join_mode, self.now, Permission::Invite);
         if !may_add && self.join_mode != JoinMode::Approval {
-            return Err(Rejection::Forbidden("your role may not invite"));
+            return Err(Rejection::Forbidden("your role may not invite".into()));
         }
         if users.iter().any(|u| !known_users.contains(u)) {
-            return Err(Rejection::NotFound("user"));
+            return Err(Rejection::NotFound("user".into()));
         }
         let (skipped, new): (Vec<UserId>, Vec<UserId>) = users.iter().cloned().partition(|u| members.contains_key(u));
         if may_add && i64::from(self.member_count) + new.len() as i64 > i64::from(self.max_member) {
@@ -121,10 +121,10 @@ impl BatchBuilder {
         members: &mut Roster,
     ) -> WriteOutcome {
         if !caller.1.is_manager(self.now) {
-            return Err(Rejection::Forbidden("only the owner and admins decide applications"));
+            return Err(Rejection::Forbidden("only the owner and admins decide applications".into()));
         }
         if !self.has_application(user, applications) {
-            return Err(Rejection::NotFound("application"));
+            return Err(Rejection::NotFound("application".into()));
         }
         if !accept {
             self.drop_application(user);
@@ -143,7 +143,9 @@ impl BatchBuilder {
     /// `leave` of the caller: any member but the owner.
     pub(super) fn self_leave(&mut self, caller: (&UserId, &Standing), members: &mut Roster) -> WriteOutcome {
         if caller.1.role == Role::Owner {
-            return Err(Rejection::Forbidden("the owner cannot leave: transfer ownership or dismiss the group first"));
+            return Err(Rejection::Forbidden(
+                "the owner cannot leave: transfer ownership or dismiss the group first".into(),
+            ));
         }
         Ok(Written::Left { seq: self.close(caller.0, caller.0, LeaveReason::Left, members) })
     }
@@ -152,17 +154,17 @@ impl BatchBuilder {
     pub(super) fn kick(&mut self, caller: (&UserId, &Standing), user: &UserId, members: &mut Roster) -> WriteOutcome {
         let (actor, standing) = caller;
         if !standing.can(self.join_mode, self.now, Permission::Kick) {
-            return Err(Rejection::Forbidden("your role may not kick"));
+            return Err(Rejection::Forbidden("your role may not kick".into()));
         }
-        let target = members.get(user).ok_or(Rejection::NotFound("member"))?;
+        let target = members.get(user).ok_or(Rejection::NotFound("member".into()))?;
         if user == actor {
-            return Err(Rejection::Forbidden("nobody kicks themselves: leave instead"));
+            return Err(Rejection::Forbidden("nobody kicks themselves: leave instead".into()));
         }
         if target.role == Role::Owner {
-            return Err(Rejection::Forbidden("the owner cannot be kicked"));
+            return Err(Rejection::Forbidden("the owner cannot be kicked".into()));
         }
         if target.is_manager(self.now) && standing.role_at(self.now) != Role::Owner {
-            return Err(Rejection::Forbidden("only the owner kicks an admin"));
+            return Err(Rejection::Forbidden("only the owner kicks an admin".into()));
         }
         Ok(Written::Left { seq: self.close(user, actor, LeaveReason::Kicked, members) })
     }

@@ -1,16 +1,18 @@
 //! The write requests of one conversation, and what each one's caller gets
 //! back. Every op that changes a conversation is one of these: it goes
 //! through the conversation's actor and is applied under the row lock in the
-//! batch's transaction (ARCHITECTURE §3).
+//! batch's transaction (ARCHITECTURE §3). Ops and answers are serialized
+//! only between nodes (a write forwarded to the conversation's home, §7).
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ClientMsgId, DeviceId, UserId};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::domain::{Body, DeliveryMode, JoinMode, LeaveReason, Rejection, Role};
 
 /// One write request against one conversation.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum WriteOp {
     Send(SendOp),
     /// A join without permission checks: the members of a new conversation.
@@ -56,7 +58,7 @@ impl WriteOp {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SendOp {
     pub sender: UserId,
     pub device: DeviceId,
@@ -65,14 +67,14 @@ pub struct SendOp {
 }
 
 /// `user` joins with `role`; `actor` is who added them (the user itself for a self-join).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JoinOp {
     pub user: UserId,
     pub actor: UserId,
     pub role: Role,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LeaveOp {
     pub user: UserId,
     pub actor: UserId,
@@ -80,7 +82,7 @@ pub struct LeaveOp {
 }
 
 /// `recall` of the message at `target_seq` by `actor` from its `device`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RecallOp {
     pub actor: UserId,
     pub device: DeviceId,
@@ -88,13 +90,13 @@ pub struct RecallOp {
 }
 
 /// `actor` (the caller) asks for `change`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GroupOp {
     pub actor: UserId,
     pub change: GroupChange,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum GroupChange {
     /// Distinct users.
     Invite(Vec<UserId>),
@@ -147,7 +149,7 @@ impl GroupChange {
 }
 
 /// `update_group`: the settings given (at least one).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProfilePatch {
     pub name: Option<String>,
     pub join_mode: Option<JoinMode>,
@@ -165,7 +167,7 @@ impl ProfilePatch {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendAck {
     pub seq: i64,
     pub message_id: Uuid,
@@ -173,7 +175,7 @@ pub struct SendAck {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Written {
     Sent(SendAck),
     Joined {
@@ -195,14 +197,14 @@ pub enum Written {
 }
 
 /// `recall`'s answer: the seq of the `recall` event, the first one's on a repeat.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecallAck {
     pub seq: i64,
     pub dup: bool,
 }
 
 /// What an `invite` did with each user named.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Invited {
     pub joined: Vec<UserId>,
     /// Applications filed (a plain member's invite in an approval group).

@@ -36,13 +36,13 @@ impl BatchBuilder {
             return Err(Rejection::ConvDismissed);
         }
         let standing = roster.get(&op.actor).ok_or(Rejection::NotMember)?;
-        let target = self.recall_target(op, targets).ok_or(Rejection::NotFound("message"))?;
+        let target = self.recall_target(op, targets).ok_or(Rejection::NotFound("message".into()))?;
         if let Some(seq) = target.recalled_by {
             return Ok(Written::Recalled(RecallAck { seq, dup: true }));
         }
         if !standing.can(self.join_mode, self.now, Permission::RecallOther) {
             if target.sender != op.actor {
-                return Err(Rejection::Forbidden("only the owner and admins recall others' messages"));
+                return Err(Rejection::Forbidden("only the owner and admins recall others' messages".into()));
             }
             if self.now > target.created_at + Duration::milliseconds(self.recall_window_ms) {
                 return Err(Rejection::RecallWindowExpired);

@@ -41,10 +41,10 @@ impl BatchBuilder {
             return Err(Rejection::Muted);
         }
         if !member.can(self.join_mode, self.now, Permission::SendMsg) {
-            return Err(Rejection::Forbidden("your role may not send messages"));
+            return Err(Rejection::Forbidden("your role may not send messages".into()));
         }
         if op.body.mention_all() && !member.can(self.join_mode, self.now, Permission::AtAll) {
-            return Err(Rejection::Forbidden("your role may not mention everyone"));
+            return Err(Rejection::Forbidden("your role may not mention everyone".into()));
         }
         let message_id = Uuid::now_v7();
         let seq = self.append(EventKind::Msg {
