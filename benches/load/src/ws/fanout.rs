@@ -5,7 +5,8 @@
 //! calls `sync`; it has the event when the sync answer brings it. Both the
 //! `head` arrival and the event arrival are reported for pull. A run verifies
 //! when the log is intact and every device got every message once, in order,
-//! on a connection the server kept open.
+//! on a connection the server kept open. With several nodes, member `i`'s
+//! device is on node `i % N` and the sender on node 0.
 
 mod device;
 
@@ -23,6 +24,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
 use super::log_check::verify;
+use super::nodes::Nodes;
 use super::provision::{self, now_us, BoxError};
 use super::server::{deliveries_per_server_core_s, CpuWindow, Pg, Server};
 use crate::percentiles::Percentiles;
@@ -65,11 +67,11 @@ pub async fn setup(server: &Server, max_m: usize, source_addrs: usize) -> Result
 }
 
 impl Devices {
-    /// Brings the devices of members `0..m` online.
-    async fn online_up_to(&mut self, port: u16, m: usize) -> Result<(), BoxError> {
+    /// Brings the devices of members `0..m` online, member `i` on node `i % N`.
+    async fn online_up_to(&mut self, nodes: &Nodes, m: usize) -> Result<(), BoxError> {
         let (addrs, from) = (self.source_addrs, self.online);
         let conns: Vec<Ws> = stream::iter(self.tokens[from..m].iter().enumerate())
-            .map(|(i, t)| provision::connect_retry(port, provision::source_addr(from + i, addrs), t))
+            .map(|(i, t)| provision::connect_retry(nodes.port(from + i), provision::source_addr(from + i, addrs), t))
             .buffered(256)
             .collect::<Vec<_>>()
             .await
@@ -100,27 +102,27 @@ pub struct Params<'a> {
 }
 
 /// One run (its group made by [`create_group`]): its devices online, the
-/// sends, the report.
-pub async fn run(server: &Server, pg: &Pg, db: &Store, devs: &mut Devices, p: &Params<'_>) -> Result<Value, BoxError> {
+/// sends (through node 0), the report.
+pub async fn run(nodes: &Nodes, pg: &Pg, db: &Store, devs: &mut Devices, p: &Params<'_>) -> Result<Value, BoxError> {
     let m = p.members.min(devs.users.len());
     let conv = group_id(p, m);
     let connect_started = Instant::now();
-    devs.online_up_to(server.port, m).await?;
+    devs.online_up_to(nodes, m).await?;
     let connect_s = connect_started.elapsed().as_secs_f64();
-    let mut sender = provision::connect_retry(server.port, provision::source_addr(0, 1), &devs.sender_token).await?;
+    let mut sender = provision::connect_retry(nodes.port(0), provision::source_addr(0, 1), &devs.sender_token).await?;
     let measure = Arc::new(Measure::new(conv.clone(), m as i64, p.messages, m, p.mode == "pull"));
     devs.measure(Some(measure.clone()))?;
-    let cpu = CpuWindow::start(server, pg);
+    let cpu = CpuWindow::start(nodes, pg);
     let sent = drive(&mut sender, &measure, p).await;
     if let Ok(sent) = &sent {
         settle(&measure, m, sent.n).await;
     }
-    let cpu = cpu.end(server, pg);
+    let cpu = cpu.end(nodes, pg);
     devs.measure(None)?;
     sender.close().await;
     let sent = sent?;
     let closed = devs.closed.load(Ordering::Relaxed);
-    report(server, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed }).await
+    report(nodes, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed }).await
 }
 
 fn group_id(p: &Params<'_>, m: usize) -> String {
@@ -248,7 +250,7 @@ fn last_device(
 }
 
 async fn report(
-    server: &Server,
+    nodes: &Nodes,
     db: &Store,
     p: &Params<'_>,
     m: usize,
@@ -288,7 +290,7 @@ async fn report(
         "deliveries_per_server_core_s": deliveries_per_server_core_s(deliveries, &o.cpu),
         "connect_s": (o.connect_s * 100.0).round() / 100.0,
         "cpu": o.cpu,
-        "server_rss_mb": (server.rss_kib() as f64 / 1024.0).round(),
+        "server_rss_mb": (nodes.rss_kib() as f64 / 1024.0).round(),
         "verified": verified,
         "verification": detail,
     });
