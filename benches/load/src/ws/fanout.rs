@@ -99,6 +99,9 @@ pub struct Params<'a> {
     pub mode: &'a str,
     pub rate: f64,
     pub messages: usize,
+    /// Report the sends' ack latency too (the cluster comparison: forwarding
+    /// a send to its home node shows there); `fanout.json` keeps its fields.
+    pub ack_ms: bool,
 }
 
 /// One run (its group made by [`create_group`]): its devices online, the
@@ -168,11 +171,12 @@ struct AckIn {
     seq: Option<i64>,
 }
 
-/// What the sender did: `n` messages sent, the acks `(seq, client_msg_id)`,
-/// the rejected or unanswered ones.
+/// What the sender did: `n` messages sent, the acks `(seq, client_msg_id)`
+/// and their latency, the rejected or unanswered ones.
 struct Sent {
     n: usize,
     acks: Vec<(i64, String)>,
+    ack_ms: Vec<f64>,
     errors: u64,
 }
 
@@ -180,7 +184,7 @@ struct Sent {
 async fn drive(sender: &mut Ws, measure: &Measure, p: &Params<'_>) -> Result<Sent, BoxError> {
     let started = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / p.rate.max(0.001));
-    let mut sent = Sent { n: 0, acks: vec![], errors: 0 };
+    let mut sent = Sent { n: 0, acks: vec![], ack_ms: vec![], errors: 0 };
     let mut pending: HashMap<u64, String> = HashMap::new();
     let mut next = started;
     let deadline = started + interval.mul_f64(p.messages as f64) + Duration::from_secs(10);
@@ -190,9 +194,13 @@ async fn drive(sender: &mut Ws, measure: &Measure, p: &Params<'_>) -> Result<Sen
             frame = sender.next_text() => {
                 let frame = frame.map_err(|e| format!("the sender's connection: {e}"))?;
                 let Ok(r) = serde_json::from_str::<AckIn>(&frame) else { continue };
-                let Some(key) = r.id.and_then(|id| pending.remove(&id)) else { continue };
+                let Some((id, key)) = r.id.and_then(|id| Some((id, pending.remove(&id)?))) else { continue };
                 match r.seq {
-                    Some(seq) if r.ok == Some(true) => sent.acks.push((seq, key)),
+                    Some(seq) if r.ok == Some(true) => {
+                        let at = measure.sent_us.get(id as usize - 1).map_or(0, |t| t.load(Ordering::Relaxed));
+                        sent.ack_ms.push(now_us().saturating_sub(at) as f64 / 1000.0);
+                        sent.acks.push((seq, key));
+                    }
                     _ => sent.errors += 1,
                 }
             },
@@ -294,6 +302,9 @@ async fn report(
         "verified": verified,
         "verification": detail,
     });
+    if p.ack_ms {
+        run["ack_ms"] = Percentiles::of(o.sent.ack_ms).json();
+    }
     if measure.pull {
         let (head, head_complete) = last_device(measure, &measure.head_got, &measure.head_last_us, n, m);
         run["head_push_ms"] = head.json();

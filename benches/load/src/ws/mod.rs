@@ -11,17 +11,19 @@
 //!
 //! Scenarios (`--scenarios`): `hot` (§1 hot group, `actor` then `direct`, plus
 //! §4 latency at half the measured maximum), `fanout` (§2), `connections` (§3),
-//! and, only when named, `groups` (large groups: invite, send, members, RSS)
-//! and `latency` (the floor: one send in flight per sender, C =
-//! `--latency-senders`, every sender a member getting the others' pushes).
+//! and, only when named, `groups` (large groups: invite, send, members, RSS),
+//! `latency` (the floor: one send in flight per sender, C =
+//! `--latency-senders`, every sender a member getting the others' pushes)
+//! and `cluster` (one node against `--nodes` of them, see `cluster.rs`).
 //! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`,
-//! `groups.json`, `ws-latency.json`.
+//! `groups.json`, `ws-latency.json`, `cluster.json`.
 //!
 //! With `--nodes N` (N > 1) every server run of `hot`, `fanout` and `latency`
 //! is N `imcore` nodes on the run's database, joined by a `nats-server` of the
 //! run's own; connections spread over them round robin (see `nodes.rs`).
 //! A run that did not verify makes the command fail (see `verdict`).
 
+mod cluster;
 mod conns;
 mod fanout;
 mod frame;
@@ -44,7 +46,8 @@ use server::{Pg, Server};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Which scenarios to run (`groups` takes ~5 minutes and runs only when named).
+    /// Which scenarios to run (`groups` takes ~5 minutes; it, `latency` and
+    /// `cluster` run only when named).
     #[arg(long, value_delimiter = ',', default_value = "hot,fanout,connections")]
     scenarios: Vec<String>,
     /// A PostgreSQL server to create the benchmark databases in (any database
@@ -59,10 +62,16 @@ pub struct Args {
     /// Extra server environment, `NAME=value` (repeatable), e.g. IMCORE_POOL_SIZE=32.
     #[arg(long = "server-env")]
     server_env: Vec<String>,
-    /// `imcore` nodes per server run (hot, fanout, latency). More than one:
-    /// joined by a `nats-server`.
+    /// `imcore` nodes per server run (hot, fanout, latency; the cluster
+    /// scenario's multi-node runs). More than one: joined by a `nats-server`.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     nodes: u16,
+    /// Cluster: sender connections of the hot-group runs.
+    #[arg(long, value_delimiter = ',', default_value = "64,256")]
+    cluster_senders: Vec<usize>,
+    /// Cluster: members of the fan-out group (push mode).
+    #[arg(long, default_value_t = 1000)]
+    cluster_members: usize,
     /// Write paths of the hot-group scenario, each on its own server and database.
     #[arg(long, value_delimiter = ',', default_value = "actor,direct")]
     write_paths: Vec<String>,
@@ -155,7 +164,10 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let bin = server::server_binary(args.server_bin.as_deref())?;
     let named = |s: &str| args.scenarios.iter().any(|x| x == s);
     if args.nodes > 1 && (named("connections") || named("groups")) {
-        return Err("--nodes above 1 is for the hot, fanout and latency scenarios".into());
+        return Err("--nodes above 1 is for the hot, fanout, latency and cluster scenarios".into());
+    }
+    if named("cluster") && args.nodes < 2 {
+        return Err("the cluster scenario compares one node with --nodes N: give N of 2 or more".into());
     }
     if args.nodes > 1 {
         nodes::nats_binary()?;
@@ -193,6 +205,9 @@ async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     }
     if want("latency") {
         failed.extend(latency(ctx).await?);
+    }
+    if want("cluster") {
+        failed.extend(cluster::run(ctx).await?);
     }
     Ok(failed)
 }
@@ -383,7 +398,13 @@ async fn fan_out(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
         let params: Vec<fanout::Params> = members
             .iter()
             .flat_map(|&m| a.fanout_modes.iter().map(move |mode| (m, mode)))
-            .map(|(members, mode)| fanout::Params { members, mode, rate: a.fanout_rate, messages: a.fanout_messages })
+            .map(|(members, mode)| fanout::Params {
+                members,
+                mode,
+                rate: a.fanout_rate,
+                messages: a.fanout_messages,
+                ack_ms: false,
+            })
             .collect();
         for p in &params {
             fanout::create_group(nodes.first(), db, &devs, p).await?;
