@@ -29,7 +29,7 @@ pub fn unverified(runs: &[Value]) -> Vec<String> {
 
 /// What identifies a run in its scenario's table.
 fn name(run: &Value) -> String {
-    ["scenario", "write_path", "delivery_mode", "senders", "members", "connections"]
+    ["scenario", "setup", "nodes", "write_path", "delivery_mode", "senders", "members", "connections"]
         .iter()
         .filter_map(|k| match &run[*k] {
             Value::Null => None,

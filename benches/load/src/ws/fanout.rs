@@ -5,7 +5,8 @@
 //! calls `sync`; it has the event when the sync answer brings it. Both the
 //! `head` arrival and the event arrival are reported for pull. A run verifies
 //! when the log is intact and every device got every message once, in order,
-//! on a connection the server kept open.
+//! on a connection the server kept open. With several nodes, member `i`'s
+//! device is on node `i % N` and the sender on node 0.
 
 mod device;
 
@@ -23,6 +24,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
 use super::log_check::verify;
+use super::nodes::Nodes;
 use super::provision::{self, now_us, BoxError};
 use super::server::{deliveries_per_server_core_s, CpuWindow, Pg, Server};
 use crate::percentiles::Percentiles;
@@ -65,11 +67,11 @@ pub async fn setup(server: &Server, max_m: usize, source_addrs: usize) -> Result
 }
 
 impl Devices {
-    /// Brings the devices of members `0..m` online.
-    async fn online_up_to(&mut self, port: u16, m: usize) -> Result<(), BoxError> {
+    /// Brings the devices of members `0..m` online, member `i` on node `i % N`.
+    async fn online_up_to(&mut self, nodes: &Nodes, m: usize) -> Result<(), BoxError> {
         let (addrs, from) = (self.source_addrs, self.online);
         let conns: Vec<Ws> = stream::iter(self.tokens[from..m].iter().enumerate())
-            .map(|(i, t)| provision::connect_retry(port, provision::source_addr(from + i, addrs), t))
+            .map(|(i, t)| provision::connect_retry(nodes.port(from + i), provision::source_addr(from + i, addrs), t))
             .buffered(256)
             .collect::<Vec<_>>()
             .await
@@ -97,30 +99,33 @@ pub struct Params<'a> {
     pub mode: &'a str,
     pub rate: f64,
     pub messages: usize,
+    /// Report the sends' ack latency too (the cluster comparison: forwarding
+    /// a send to its home node shows there); `fanout.json` keeps its fields.
+    pub ack_ms: bool,
 }
 
 /// One run (its group made by [`create_group`]): its devices online, the
-/// sends, the report.
-pub async fn run(server: &Server, pg: &Pg, db: &Store, devs: &mut Devices, p: &Params<'_>) -> Result<Value, BoxError> {
+/// sends (through node 0), the report.
+pub async fn run(nodes: &Nodes, pg: &Pg, db: &Store, devs: &mut Devices, p: &Params<'_>) -> Result<Value, BoxError> {
     let m = p.members.min(devs.users.len());
     let conv = group_id(p, m);
     let connect_started = Instant::now();
-    devs.online_up_to(server.port, m).await?;
+    devs.online_up_to(nodes, m).await?;
     let connect_s = connect_started.elapsed().as_secs_f64();
-    let mut sender = provision::connect_retry(server.port, provision::source_addr(0, 1), &devs.sender_token).await?;
+    let mut sender = provision::connect_retry(nodes.port(0), provision::source_addr(0, 1), &devs.sender_token).await?;
     let measure = Arc::new(Measure::new(conv.clone(), m as i64, p.messages, m, p.mode == "pull"));
     devs.measure(Some(measure.clone()))?;
-    let cpu = CpuWindow::start(server, pg);
+    let cpu = CpuWindow::start(nodes, pg);
     let sent = drive(&mut sender, &measure, p).await;
     if let Ok(sent) = &sent {
         settle(&measure, m, sent.n).await;
     }
-    let cpu = cpu.end(server, pg);
+    let cpu = cpu.end(nodes, pg);
     devs.measure(None)?;
     sender.close().await;
     let sent = sent?;
     let closed = devs.closed.load(Ordering::Relaxed);
-    report(server, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed }).await
+    report(nodes, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed }).await
 }
 
 fn group_id(p: &Params<'_>, m: usize) -> String {
@@ -166,11 +171,12 @@ struct AckIn {
     seq: Option<i64>,
 }
 
-/// What the sender did: `n` messages sent, the acks `(seq, client_msg_id)`,
-/// the rejected or unanswered ones.
+/// What the sender did: `n` messages sent, the acks `(seq, client_msg_id)`
+/// and their latency, the rejected or unanswered ones.
 struct Sent {
     n: usize,
     acks: Vec<(i64, String)>,
+    ack_ms: Vec<f64>,
     errors: u64,
 }
 
@@ -178,7 +184,7 @@ struct Sent {
 async fn drive(sender: &mut Ws, measure: &Measure, p: &Params<'_>) -> Result<Sent, BoxError> {
     let started = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / p.rate.max(0.001));
-    let mut sent = Sent { n: 0, acks: vec![], errors: 0 };
+    let mut sent = Sent { n: 0, acks: vec![], ack_ms: vec![], errors: 0 };
     let mut pending: HashMap<u64, String> = HashMap::new();
     let mut next = started;
     let deadline = started + interval.mul_f64(p.messages as f64) + Duration::from_secs(10);
@@ -188,9 +194,13 @@ async fn drive(sender: &mut Ws, measure: &Measure, p: &Params<'_>) -> Result<Sen
             frame = sender.next_text() => {
                 let frame = frame.map_err(|e| format!("the sender's connection: {e}"))?;
                 let Ok(r) = serde_json::from_str::<AckIn>(&frame) else { continue };
-                let Some(key) = r.id.and_then(|id| pending.remove(&id)) else { continue };
+                let Some((id, key)) = r.id.and_then(|id| Some((id, pending.remove(&id)?))) else { continue };
                 match r.seq {
-                    Some(seq) if r.ok == Some(true) => sent.acks.push((seq, key)),
+                    Some(seq) if r.ok == Some(true) => {
+                        let at = measure.sent_us.get(id as usize - 1).map_or(0, |t| t.load(Ordering::Relaxed));
+                        sent.ack_ms.push(now_us().saturating_sub(at) as f64 / 1000.0);
+                        sent.acks.push((seq, key));
+                    }
                     _ => sent.errors += 1,
                 }
             },
@@ -248,7 +258,7 @@ fn last_device(
 }
 
 async fn report(
-    server: &Server,
+    nodes: &Nodes,
     db: &Store,
     p: &Params<'_>,
     m: usize,
@@ -288,10 +298,13 @@ async fn report(
         "deliveries_per_server_core_s": deliveries_per_server_core_s(deliveries, &o.cpu),
         "connect_s": (o.connect_s * 100.0).round() / 100.0,
         "cpu": o.cpu,
-        "server_rss_mb": (server.rss_kib() as f64 / 1024.0).round(),
+        "server_rss_mb": (nodes.rss_kib() as f64 / 1024.0).round(),
         "verified": verified,
         "verification": detail,
     });
+    if p.ack_ms {
+        run["ack_ms"] = Percentiles::of(o.sent.ack_ms).json();
+    }
     if measure.pull {
         let (head, head_complete) = last_device(measure, &measure.head_got, &measure.head_last_us, n, m);
         run["head_push_ms"] = head.json();

@@ -30,9 +30,11 @@ pub struct EventIn {
     pub body: Option<BodyIn>,
 }
 
-/// The body the generator sends: message number `n` of the run, sent at `ts` µs.
+/// The body the generator sends: message number `n` of the run, sent at
+/// `ts` µs (through `node`, when there are several).
 #[derive(Deserialize)]
 pub struct BodyIn {
     pub n: Option<usize>,
     pub ts: Option<u64>,
+    pub node: Option<usize>,
 }

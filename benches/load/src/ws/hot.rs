@@ -5,6 +5,9 @@
 //! included (a device is only spared its own events). Afterwards the log is
 //! verified in PostgreSQL, and every receiver: see [`DELIVERY_RULE`]. Sends
 //! answered with anything but an ack or `OVERLOADED` fail the run too.
+//! With several nodes, connection `i` (receivers first, then senders) is on
+//! node `i % N`, and the live messages' latency is also given apart for
+//! receivers on the sending connection's node and on another.
 
 mod receiver;
 mod sender;
@@ -21,6 +24,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use super::log_check::{batch_sizes, verify};
+use super::nodes::Nodes;
 use super::provision::{self, BoxError};
 use super::server::{deliveries_per_server_core_s, CpuWindow, Pg, Server};
 use crate::percentiles::Percentiles;
@@ -90,39 +94,41 @@ impl Params<'_> {
     }
 }
 
-/// One run: a fresh group, its connections, the load, the report.
-pub async fn run(server: &Server, pg: &Pg, db: &Store, setup: &Setup, p: &Params<'_>) -> Result<Value, BoxError> {
+/// One run: a fresh group, its connections (spread over the nodes), the
+/// load, the report.
+pub async fn run(nodes: &Nodes, pg: &Pg, db: &Store, setup: &Setup, p: &Params<'_>) -> Result<Value, BoxError> {
     let conv = format!("{}-{}-{}-c{}", p.scenario, p.write_path, p.delivery_mode, p.senders);
-    let conns = connect(server, setup, p, &conv).await?;
-    let driven = drive(server, pg, conns, p, &conv).await?;
+    let conns = connect(nodes, setup, p, &conv).await?;
+    let driven = drive(nodes, pg, conns, p, &conv).await?;
     report(db, p, &conv, driven).await
 }
 
 struct Connections {
     /// The group head once created: the run's messages come after it.
     h0: i64,
-    receivers: Vec<Ws>,
-    senders: Vec<Ws>,
+    /// With several nodes: each connection's node.
+    receivers: Vec<(Ws, Option<usize>)>,
+    senders: Vec<(Ws, Option<usize>)>,
 }
 
 /// Creates the group, then connects the receivers (each routed: a ping
-/// answered) before the senders.
-async fn connect(server: &Server, setup: &Setup, p: &Params<'_>, conv: &str) -> Result<Connections, BoxError> {
+/// answered) before the senders; connection `i` (receivers first) goes to node `i % N`.
+async fn connect(nodes: &Nodes, setup: &Setup, p: &Params<'_>, conv: &str) -> Result<Connections, BoxError> {
     let receivers = p.receivers.min(setup.receiver_tokens.len());
     let group = provision::create_group(
-        server.port,
+        nodes.first().port,
         &setup.receiver_tokens[0],
         json!({"kind": "group", "conv_id": conv, "name": conv, "members": setup.members,
                "max_member": 1000, "delivery_mode": p.delivery_mode}),
     )
     .await?;
     let h0 = group["head"].as_i64().ok_or("create_conversation answered no head")?;
-    let (port, addrs) = (server.port, p.source_addrs);
-    let receivers: Vec<Ws> = stream::iter(setup.receiver_tokens[..receivers].iter().enumerate())
+    let addrs = p.source_addrs;
+    let receivers: Vec<(Ws, Option<usize>)> = stream::iter(setup.receiver_tokens[..receivers].iter().enumerate())
         .map(|(i, t)| async move {
-            let mut ws = provision::connect_retry(port, provision::source_addr(i, addrs), t).await?;
+            let mut ws = provision::connect_retry(nodes.port(i), provision::source_addr(i, addrs), t).await?;
             ws.request("ping", json!({})).await?;
-            Ok::<_, BoxError>(ws)
+            Ok::<_, BoxError>((ws, nodes.node_of(i)))
         })
         .buffered(256)
         .collect::<Vec<_>>()
@@ -130,8 +136,12 @@ async fn connect(server: &Server, setup: &Setup, p: &Params<'_>, conv: &str) -> 
         .into_iter()
         .collect::<Result<_, _>>()?;
     let first = receivers.len();
-    let senders: Vec<Ws> = stream::iter(setup.sender_tokens[..p.senders].iter().enumerate())
-        .map(|(i, t)| provision::connect_retry(port, provision::source_addr(first + i, addrs), t))
+    let senders: Vec<(Ws, Option<usize>)> = stream::iter(setup.sender_tokens[..p.senders].iter().enumerate())
+        .map(|(i, t)| async move {
+            let ws =
+                provision::connect_retry(nodes.port(first + i), provision::source_addr(first + i, addrs), t).await?;
+            Ok::<_, BoxError>((ws, nodes.node_of(first + i)))
+        })
         .buffered(256)
         .collect::<Vec<_>>()
         .await
@@ -146,19 +156,20 @@ struct Driven {
     receivers: Vec<ReceiverOut>,
     cpu: Value,
     rss_kib: u64,
+    several_nodes: bool,
 }
 
 /// Runs the senders to the end of their budget or time, then lets the
 /// receivers catch up with the last acked seq (at most `CATCH_UP`).
-async fn drive(server: &Server, pg: &Pg, conns: Connections, p: &Params<'_>, conv: &str) -> Result<Driven, BoxError> {
+async fn drive(nodes: &Nodes, pg: &Pg, conns: Connections, p: &Params<'_>, conv: &str) -> Result<Driven, BoxError> {
     let (target_tx, target_rx) = watch::channel(None);
     let pull = p.pull();
     let recv_tasks: Vec<_> = conns
         .receivers
         .into_iter()
-        .map(|ws| tokio::spawn(receiver::run(ws, target_rx.clone(), conv.to_owned(), conns.h0, pull)))
+        .map(|(ws, node)| tokio::spawn(receiver::run(ws, node, target_rx.clone(), conv.to_owned(), conns.h0, pull)))
         .collect();
-    let cpu = CpuWindow::start(server, pg);
+    let cpu = CpuWindow::start(nodes, pg);
     let start = Instant::now() + Duration::from_millis(50);
     let deadline = start + Duration::from_secs_f64(p.seconds);
     let cfg = Arc::new(SenderCfg {
@@ -172,8 +183,12 @@ async fn drive(server: &Server, pg: &Pg, conns: Connections, p: &Params<'_>, con
         interval: p.rate.map(|r| Duration::from_secs_f64(p.senders as f64 / r.max(1.0))),
         senders: p.senders,
     });
-    let send_tasks: Vec<_> =
-        conns.senders.into_iter().enumerate().map(|(i, ws)| tokio::spawn(sender::run(i, ws, cfg.clone()))).collect();
+    let send_tasks: Vec<_> = conns
+        .senders
+        .into_iter()
+        .enumerate()
+        .map(|(i, (ws, node))| tokio::spawn(sender::run(i, node, ws, cfg.clone())))
+        .collect();
     let mut senders = Vec::with_capacity(send_tasks.len());
     for t in send_tasks {
         senders.push(t.await?);
@@ -184,7 +199,14 @@ async fn drive(server: &Server, pg: &Pg, conns: Connections, p: &Params<'_>, con
     for t in recv_tasks {
         receivers.push(t.await?);
     }
-    Ok(Driven { start, senders, receivers, cpu: cpu.end(server, pg), rss_kib: server.rss_kib() })
+    Ok(Driven {
+        start,
+        senders,
+        receivers,
+        cpu: cpu.end(nodes, pg),
+        rss_kib: nodes.rss_kib(),
+        several_nodes: nodes.count() > 1,
+    })
 }
 
 /// The receivers against [`DELIVERY_RULE`], and the sums over them.
@@ -235,7 +257,16 @@ async fn report(db: &Store, p: &Params<'_>, conv: &str, mut d: Driven) -> Result
     let elapsed = last_ack.saturating_duration_since(d.start).as_secs_f64().max(1e-9);
     let acks: Vec<(i64, String)> = d.senders.iter_mut().flat_map(|o| std::mem::take(&mut o.acks)).collect();
     let ack_ms = Percentiles::of(d.senders.iter_mut().flat_map(|o| std::mem::take(&mut o.ack_ms)).collect());
-    let e2e_ms = Percentiles::of(d.receivers.iter_mut().flat_map(|o| std::mem::take(&mut o.e2e_ms)).collect());
+    let e2e_ms = Percentiles::of(d.receivers.iter().flat_map(|o| o.e2e_ms.iter().map(|e| e.0)).collect());
+    // With several nodes: live messages to a receiver on the sending connection's node, and on another.
+    let by_node = d.several_nodes.then(|| {
+        let of = |other: bool| {
+            Percentiles::of(
+                d.receivers.iter().flat_map(|o| &o.e2e_ms).filter(|e| e.1 == Some(other)).map(|e| e.0).collect(),
+            )
+        };
+        (of(false), of(true))
+    });
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     for (k, v) in d.senders.iter().flat_map(|o| &o.errors) {
         *errors.entry(k.clone()).or_default() += v;
@@ -251,7 +282,7 @@ async fn report(db: &Store, p: &Params<'_>, conv: &str, mut d: Driven) -> Result
     let verified = log_ok && failures == 0 && delivery.ok(d.receivers.len());
     let batch = batch_sizes(db, conv).await?;
     let r = |x: f64| x.round();
-    let run = json!({
+    let mut run = json!({
         "scenario": p.scenario,
         "write_path": p.write_path,
         "delivery_mode": p.delivery_mode,
@@ -288,16 +319,27 @@ async fn report(db: &Store, p: &Params<'_>, conv: &str, mut d: Driven) -> Result
         "verified": verified,
         "verification": detail,
     });
-    print_run(p, &run, &delivery, &ack_ms, &e2e_ms);
+    if let Some((same, other)) = &by_node {
+        run["e2e_ms_by_node"] = json!({"sender_node": same.json(), "other_node": other.json()});
+    }
+    print_run(p, &run, &delivery, &ack_ms, &e2e_ms, by_node.as_ref().map(|b| &b.1));
     Ok(run)
 }
 
 /// The run's line on stderr.
-fn print_run(p: &Params<'_>, run: &Value, delivery: &Delivery, ack_ms: &Percentiles, e2e_ms: &Percentiles) {
+fn print_run(
+    p: &Params<'_>,
+    run: &Value,
+    delivery: &Delivery,
+    ack_ms: &Percentiles,
+    e2e_ms: &Percentiles,
+    cross_node: Option<&Percentiles>,
+) {
     let pull_syncs =
         if p.pull() { format!("  head pushes {} -> syncs {}", delivery.heads, delivery.syncs) } else { String::new() };
+    let cross_node = cross_node.map_or(String::new(), |c| format!(" (other node {})", c.text()));
     eprintln!(
-        "{:<10} {:<6} {} C={:<5} {:>7.0} acked/s  ack {}  e2e {}  {:>8.0} deliveries/s  receivers complete {}/{}  \
+        "{:<10} {:<6} {} C={:<5} {:>7.0} acked/s  ack {}  e2e {}{cross_node}  {:>8.0} deliveries/s  receivers complete {}/{}  \
          gaps {} (synced after the run: {} msgs, {} faults)  out-of-order {} closed {}{pull_syncs}  errors {}  cpu {}  \
          verified {}",
         p.scenario,

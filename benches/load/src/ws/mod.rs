@@ -11,19 +11,26 @@
 //!
 //! Scenarios (`--scenarios`): `hot` (§1 hot group, `actor` then `direct`, plus
 //! §4 latency at half the measured maximum), `fanout` (§2), `connections` (§3),
-//! and, only when named, `groups` (large groups: invite, send, members, RSS)
-//! and `latency` (the floor: one send in flight per sender, C =
-//! `--latency-senders`, every sender a member getting the others' pushes).
+//! and, only when named, `groups` (large groups: invite, send, members, RSS),
+//! `latency` (the floor: one send in flight per sender, C =
+//! `--latency-senders`, every sender a member getting the others' pushes)
+//! and `cluster` (one node against `--nodes` of them, see `cluster.rs`).
 //! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`,
-//! `groups.json`, `ws-latency.json`.
+//! `groups.json`, `ws-latency.json`, `cluster.json`.
+//!
+//! With `--nodes N` (N > 1) every server run of `hot`, `fanout` and `latency`
+//! is N `imcore` nodes on the run's database, joined by a `nats-server` of the
+//! run's own; connections spread over them round robin (see `nodes.rs`).
 //! A run that did not verify makes the command fail (see `verdict`).
 
+mod cluster;
 mod conns;
 mod fanout;
 mod frame;
 mod groups;
 mod hot;
 mod log_check;
+mod nodes;
 mod provision;
 mod server;
 
@@ -33,12 +40,14 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use imcore::store::Store;
+use nodes::Nodes;
 use provision::BoxError;
 use server::{Pg, Server};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Which scenarios to run (`groups` takes ~5 minutes and runs only when named).
+    /// Which scenarios to run (`groups` takes ~5 minutes; it, `latency` and
+    /// `cluster` run only when named).
     #[arg(long, value_delimiter = ',', default_value = "hot,fanout,connections")]
     scenarios: Vec<String>,
     /// A PostgreSQL server to create the benchmark databases in (any database
@@ -53,6 +62,16 @@ pub struct Args {
     /// Extra server environment, `NAME=value` (repeatable), e.g. IMCORE_POOL_SIZE=32.
     #[arg(long = "server-env")]
     server_env: Vec<String>,
+    /// `imcore` nodes per server run (hot, fanout, latency; the cluster
+    /// scenario's multi-node runs). More than one: joined by a `nats-server`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    nodes: u16,
+    /// Cluster: sender connections of the hot-group runs.
+    #[arg(long, value_delimiter = ',', default_value = "64,256")]
+    cluster_senders: Vec<usize>,
+    /// Cluster: members of the fan-out group (push mode).
+    #[arg(long, default_value_t = 1000)]
+    cluster_members: usize,
     /// Write paths of the hot-group scenario, each on its own server and database.
     #[arg(long, value_delimiter = ',', default_value = "actor,direct")]
     write_paths: Vec<String>,
@@ -143,6 +162,16 @@ struct Ctx {
 async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let nofile = server::raise_nofile(1 << 20);
     let bin = server::server_binary(args.server_bin.as_deref())?;
+    let named = |s: &str| args.scenarios.iter().any(|x| x == s);
+    if args.nodes > 1 && (named("connections") || named("groups")) {
+        return Err("--nodes above 1 is for the hot, fanout, latency and cluster scenarios".into());
+    }
+    if named("cluster") && args.nodes < 2 {
+        return Err("the cluster scenario compares one node with --nodes N: give N of 2 or more".into());
+    }
+    if args.nodes > 1 {
+        nodes::nats_binary()?;
+    }
     std::fs::create_dir_all(&args.data_dir)?;
     let pg = Pg::start(args.database_url.as_deref(), &args.data_dir).await?;
     let env = args
@@ -177,10 +206,42 @@ async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     if want("latency") {
         failed.extend(latency(ctx).await?);
     }
+    if want("cluster") {
+        failed.extend(cluster::run(ctx).await?);
+    }
     Ok(failed)
 }
 
-/// A fresh database and a server on it.
+/// A fresh database and `n` nodes on it, with `env` beside `--server-env`.
+async fn start_nodes(
+    ctx: &Ctx,
+    name: &str,
+    write_path: &str,
+    n: usize,
+    env: &[(String, String)],
+) -> Result<(Nodes, Store, String), BoxError> {
+    let db_name = format!("imcore_bench_{name}");
+    let url = ctx.pg.create_db(&db_name).await?;
+    let env: Vec<(String, String)> = ctx.env.iter().chain(env).cloned().collect();
+    let nodes = Nodes::start(ctx, name, write_path, &url, n, &env).await?;
+    let db = Store::connect(&url, 4).await?;
+    for (i, s) in nodes.servers().iter().enumerate() {
+        let node = if n > 1 { format!(" node {i}") } else { String::new() };
+        eprintln!("server {name}{node}: pid {}, port {}, write path {write_path}", s.pid, s.port);
+    }
+    Ok((nodes, db, db_name))
+}
+
+/// SIGTERM to the nodes, then their database is dropped.
+async fn stop_nodes(ctx: &Ctx, mut nodes: Nodes, db: Store, db_name: &str) {
+    drop(db);
+    nodes.stop();
+    if let Err(e) = ctx.pg.drop_db(db_name).await {
+        eprintln!("drop database {db_name}: {e}");
+    }
+}
+
+/// A fresh database and one server on it (scenarios that run on one node only).
 async fn start_server(ctx: &Ctx, name: &str, write_path: &str) -> Result<(Server, Store, String), BoxError> {
     let db_name = format!("imcore_bench_{name}");
     let url = ctx.pg.create_db(&db_name).await?;
@@ -207,10 +268,10 @@ async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     let mut profile = json!({});
     for path in &a.write_paths {
         let path = path.as_str();
-        let (server, db, db_name) = start_server(ctx, &format!("hot_{path}"), path).await?;
+        let (nodes, db, db_name) = start_nodes(ctx, &format!("hot_{path}"), path, a.nodes.into(), &[]).await?;
         let result = async {
-            let (server, db) = (&server, &db);
-            let setup = hot::setup(server, max_c, a.receivers).await?;
+            let (nodes, db) = (&nodes, &db);
+            let setup = hot::setup(nodes.first(), max_c, a.receivers).await?;
             let mut runs = vec![];
             for &c in &a.senders {
                 let p = hot::Params {
@@ -225,7 +286,7 @@ async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
                     source_addrs: a.source_addrs,
                     delivery_mode: &a.hot_delivery,
                 };
-                runs.push(hot::run(server, &ctx.pg, db, &setup, &p).await?);
+                runs.push(hot::run(nodes, &ctx.pg, db, &setup, &p).await?);
             }
             // The best run that verified: a rate bought by closing connections is no maximum.
             let best = runs
@@ -248,7 +309,7 @@ async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
                     delivery_mode: &a.hot_delivery,
                 };
                 if senders > 0 {
-                    runs.push(hot::run(server, &ctx.pg, db, &setup, &p).await?);
+                    runs.push(hot::run(nodes, &ctx.pg, db, &setup, &p).await?);
                 }
             }
             // What one durable commit costs right now (the floor of a batch's latency).
@@ -256,7 +317,7 @@ async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
             Ok::<_, BoxError>((runs, commit_ms))
         }
         .await;
-        stop_server(ctx, server, db, &db_name).await;
+        stop_nodes(ctx, nodes, db, &db_name).await;
         let (mut r, commit_ms) = result?;
         runs.append(&mut r);
         profile[format!("commit_ms_after_{path}")] = json!((commit_ms * 1000.0).round() / 1000.0);
@@ -290,9 +351,9 @@ async fn latency(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     let mut runs: Vec<Value> = vec![];
     for path in &a.write_paths {
         let path = path.as_str();
-        let (server, db, db_name) = start_server(ctx, &format!("latency_{path}"), path).await?;
+        let (nodes, db, db_name) = start_nodes(ctx, &format!("latency_{path}"), path, a.nodes.into(), &[]).await?;
         let result = async {
-            let setup = hot::setup(&server, max_c, 0).await?;
+            let setup = hot::setup(nodes.first(), max_c, 0).await?;
             let mut runs = vec![];
             for &c in &a.latency_senders {
                 let p = hot::Params {
@@ -307,12 +368,12 @@ async fn latency(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
                     source_addrs: a.source_addrs,
                     delivery_mode: "push",
                 };
-                runs.push(hot::run(&server, &ctx.pg, &db, &setup, &p).await?);
+                runs.push(hot::run(&nodes, &ctx.pg, &db, &setup, &p).await?);
             }
             Ok::<_, BoxError>(runs)
         }
         .await;
-        stop_server(ctx, server, db, &db_name).await;
+        stop_nodes(ctx, nodes, db, &db_name).await;
         runs.append(&mut result?);
     }
     let commit_ms = ctx.pg.commit_probe(200).await?;
@@ -327,29 +388,35 @@ async fn latency(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
 async fn fan_out(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     let a = &ctx.args;
     let max_m = a.fanout_members.iter().copied().max().unwrap_or(0);
-    let (server, db, db_name) = start_server(ctx, "fanout", "actor").await?;
+    let (nodes, db, db_name) = start_nodes(ctx, "fanout", "actor", a.nodes.into(), &[]).await?;
     let result = async {
-        let (server, db) = (&server, &db);
-        let mut devs = fanout::setup(server, max_m, a.source_addrs).await?;
+        let (nodes, db) = (&nodes, &db);
+        let mut devs = fanout::setup(nodes.first(), max_m, a.source_addrs).await?;
         let mut runs = vec![];
         let mut members = a.fanout_members.clone();
         members.sort_unstable();
         let params: Vec<fanout::Params> = members
             .iter()
             .flat_map(|&m| a.fanout_modes.iter().map(move |mode| (m, mode)))
-            .map(|(members, mode)| fanout::Params { members, mode, rate: a.fanout_rate, messages: a.fanout_messages })
+            .map(|(members, mode)| fanout::Params {
+                members,
+                mode,
+                rate: a.fanout_rate,
+                messages: a.fanout_messages,
+                ack_ms: false,
+            })
             .collect();
         for p in &params {
-            fanout::create_group(server, db, &devs, p).await?;
+            fanout::create_group(nodes.first(), db, &devs, p).await?;
         }
         for p in &params {
-            runs.push(fanout::run(server, &ctx.pg, db, &mut devs, p).await?);
+            runs.push(fanout::run(nodes, &ctx.pg, db, &mut devs, p).await?);
         }
         devs.close();
         Ok::<_, BoxError>(runs)
     }
     .await;
-    stop_server(ctx, server, db, &db_name).await;
+    stop_nodes(ctx, nodes, db, &db_name).await;
     let runs = result?;
     write_evidence(ctx, "fanout.json", runs, json!({}))
 }
@@ -380,6 +447,9 @@ fn write_evidence(ctx: &Ctx, file: &str, runs: Vec<Value>, extra: Value) -> Resu
         "durability": {"fsync": "on", "synchronous_commit": "on"},
         "runs": runs,
     });
+    if ctx.args.nodes > 1 {
+        doc["nodes"] = json!(ctx.args.nodes);
+    }
     if let (Value::Object(d), Value::Object(e)) = (&mut doc, extra) {
         d.extend(e);
     }

@@ -156,15 +156,7 @@ impl Server {
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
-        // SAFETY: prctl is async-signal-safe; the server dies with us.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        die_with_us(&mut cmd);
         let child = cmd.spawn()?;
         let pid = child.id() as i32;
         let mut server = Self { child, port, admin, pid };
@@ -196,27 +188,46 @@ impl Server {
         proc_status_kib(self.pid, "VmHWM:")
     }
 
-    /// SIGTERM (graceful shutdown), then SIGKILL after 30 s. Stopping a
-    /// stopped server does nothing (its pid may belong to another process by now).
+    /// SIGTERM (graceful shutdown), then SIGKILL after 30 s.
     pub fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
+        stop_child(&mut self.child, "imcore");
+    }
+}
+
+/// The child gets SIGTERM when this process dies: no server outlives a run.
+pub fn die_with_us(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// SIGTERM, then SIGKILL after 30 s. Stopping a stopped child does nothing
+/// (its pid may belong to another process by now).
+pub fn stop_child(child: &mut Child, what: &str) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let pid = child.id() as i32;
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
             return;
         }
-        // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe {
-            libc::kill(self.pid, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("imcore (pid {}) did not stop in 30 s; killing it", self.pid);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        std::thread::sleep(Duration::from_millis(20));
     }
+    eprintln!("{what} (pid {pid}) did not stop in 30 s; killing it");
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Fields after the command name of `/proc/<pid>/stat` (index 0 = state).
@@ -277,31 +288,66 @@ pub fn raise_nofile(want: u64) -> u64 {
     }
 }
 
+/// The processes serving a run: one `imcore`, or several nodes and their NATS.
+pub trait ServerProcs {
+    /// CPU seconds of each `imcore` process.
+    fn node_cpu_s(&self) -> Vec<f64>;
+    /// CPU seconds of the NATS server joining the nodes, if any.
+    fn nats_cpu_s(&self) -> Option<f64>;
+}
+
+impl ServerProcs for Server {
+    fn node_cpu_s(&self) -> Vec<f64> {
+        vec![self.cpu_s()]
+    }
+
+    fn nats_cpu_s(&self) -> Option<f64> {
+        None
+    }
+}
+
 /// CPU readings over a window: server, PostgreSQL, load generator.
 pub struct CpuWindow {
     at: Instant,
-    server: f64,
+    nodes: Vec<f64>,
+    nats: Option<f64>,
     pg: f64,
     generator: f64,
 }
 
 impl CpuWindow {
-    pub fn start(server: &Server, pg: &Pg) -> Self {
-        Self { at: Instant::now(), server: server.cpu_s(), pg: pg.cpu_s(), generator: self_cpu_s() }
+    pub fn start(server: &impl ServerProcs, pg: &Pg) -> Self {
+        Self {
+            at: Instant::now(),
+            nodes: server.node_cpu_s(),
+            nats: server.nats_cpu_s(),
+            pg: pg.cpu_s(),
+            generator: self_cpu_s(),
+        }
     }
 
     /// `(seconds, server cores, postgres cores, generator cores)` busy on
-    /// average, and the server's CPU seconds.
-    pub fn end(&self, server: &Server, pg: &Pg) -> serde_json::Value {
+    /// average, and the server's CPU seconds: every node's summed, and with
+    /// several nodes each node's and their NATS server's too.
+    pub fn end(&self, server: &impl ServerProcs, pg: &Pg) -> serde_json::Value {
         let secs = self.at.elapsed().as_secs_f64().max(1e-9);
         let r = |x: f64| (x * 100.0).round() / 100.0;
-        serde_json::json!({
+        let nodes: Vec<f64> = server.node_cpu_s().iter().zip(&self.nodes).map(|(now, then)| now - then).collect();
+        let spent: f64 = nodes.iter().sum();
+        let mut cpu = serde_json::json!({
             "window_s": r(secs),
-            "server_cores": r((server.cpu_s() - self.server) / secs),
+            "server_cores": r(spent / secs),
             "postgres_cores": r((pg.cpu_s() - self.pg) / secs),
             "generator_cores": r((self_cpu_s() - self.generator) / secs),
-            "server_cpu_s": r(server.cpu_s() - self.server),
-        })
+            "server_cpu_s": r(spent),
+        });
+        if nodes.len() > 1 {
+            cpu["server_cpu_s_per_node"] = nodes.iter().map(|&s| r(s)).collect();
+        }
+        if let (Some(now), Some(then)) = (server.nats_cpu_s(), self.nats) {
+            cpu["nats_cores"] = serde_json::json!(r((now - then) / secs));
+        }
+        cpu
     }
 }
 

@@ -31,7 +31,9 @@ pub struct Target {
 
 #[derive(Default)]
 pub struct ReceiverOut {
-    pub e2e_ms: Vec<f64>,
+    /// Per live message: ms end to end, and (with several nodes) whether it
+    /// was sent on another node than this receiver's.
+    pub e2e_ms: Vec<(f64, Option<bool>)>,
     /// Messages that arrived during the run: pushed (push mode), or in the
     /// answer of a sync a `head` push prompted (pull mode).
     pub live: u64,
@@ -101,6 +103,8 @@ impl Live {
 
 struct Receiver {
     ws: Ws,
+    /// This connection's node, when there are several.
+    node: Option<usize>,
     conv: String,
     pull: bool,
     live: Live,
@@ -113,9 +117,17 @@ struct Receiver {
 }
 
 /// Follows the group from seq `h0` on until the target, then fills the gaps.
-pub async fn run(ws: Ws, target: watch::Receiver<Option<Target>>, conv: String, h0: i64, pull: bool) -> ReceiverOut {
+pub async fn run(
+    ws: Ws,
+    node: Option<usize>,
+    target: watch::Receiver<Option<Target>>,
+    conv: String,
+    h0: i64,
+    pull: bool,
+) -> ReceiverOut {
     let mut r = Receiver {
         ws,
+        node,
         conv,
         pull,
         live: Live::new(h0),
@@ -221,8 +233,10 @@ impl Receiver {
                 Arrival::Earlier => continue,
             }
             self.out.live += 1;
-            if let Some(ts) = e.body.and_then(|b| b.ts) {
-                self.out.e2e_ms.push(now.saturating_sub(ts) as f64 / 1000.0);
+            let Some(body) = e.body else { continue };
+            if let Some(ts) = body.ts {
+                let other = self.node.zip(body.node).map(|(mine, from)| mine != from);
+                self.out.e2e_ms.push((now.saturating_sub(ts) as f64 / 1000.0, other));
             }
         }
         self.out.last = Some(Instant::now());

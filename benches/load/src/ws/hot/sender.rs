@@ -62,6 +62,9 @@ struct ErrorIn {
 
 struct Sender {
     idx: usize,
+    /// This connection's node, when there are several: sent in each body so
+    /// receivers can tell deliveries that crossed nodes.
+    node: Option<usize>,
     ws: Ws,
     cfg: Arc<SenderCfg>,
     /// `(id, sent at, client_msg_id)`.
@@ -71,11 +74,12 @@ struct Sender {
     out: SenderOut,
 }
 
-pub async fn run(idx: usize, ws: Ws, cfg: Arc<SenderCfg>) -> SenderOut {
+pub async fn run(idx: usize, node: Option<usize>, ws: Ws, cfg: Arc<SenderCfg>) -> SenderOut {
     let mut tick = cfg.interval.map(|i| cfg.start + i.mul_f64(idx as f64 / cfg.senders.max(1) as f64));
     let window = cfg.window;
     let mut s = Sender {
         idx,
+        node,
         ws,
         cfg,
         inflight: Vec::with_capacity(window),
@@ -143,10 +147,12 @@ impl Sender {
 
     async fn issue(&mut self, flush: bool) -> Result<(), ClientError> {
         let (id, key) = (self.next_id, format!("c{}-{}", self.idx, self.next_id));
-        let frame = json!({"id": id, "op": "send", "conv_id": self.cfg.conv, "client_msg_id": key,
-                           "body": {"type": "text", "text": format!("load message {id:08} {}", "x".repeat(64)),
-                                    "ts": now_us(), "n": id}})
-        .to_string();
+        let mut body = json!({"type": "text", "text": format!("load message {id:08} {}", "x".repeat(64)), "ts": now_us(), "n": id});
+        if let Some(node) = self.node {
+            body["node"] = json!(node);
+        }
+        let frame =
+            json!({"id": id, "op": "send", "conv_id": self.cfg.conv, "client_msg_id": key, "body": body}).to_string();
         if flush {
             self.ws.send_text(frame).await?;
         } else {
