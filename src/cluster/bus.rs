@@ -9,6 +9,8 @@
 //!   it gets to its delivery lanes, which keep only what concerns the users
 //!   online there.
 //! * `imcore.route` — a route claim `(user, device, conn)` (see `routing`).
+//! * `imcore.revoke` — `(user, device)` has a new token: whoever routes that
+//!   device kicks it.
 //! * `imcore.lost` — "this node's batches were lost before reaching the bus":
 //!   whoever gets it resyncs every user online there.
 //! * `imcore.confirm.<node>` — nobody subscribes: a request there is a round
@@ -56,6 +58,7 @@ use crate::writer::{WriteFailure, Writer};
 
 const BATCHES: &str = "imcore.batch";
 const ROUTES: &str = "imcore.route";
+const REVOKED: &str = "imcore.revoke";
 const LOST: &str = "imcore.lost";
 const CONFIRM: &str = "imcore.confirm";
 const NODES: &str = "imcore.node";
@@ -182,9 +185,17 @@ struct Pending {
 
 type PendingWrites = Arc<Mutex<HashMap<u64, Pending>>>;
 
+/// A device whose token was rotated.
+#[derive(Debug, Serialize, Deserialize)]
+struct Revoked {
+    user: UserId,
+    device: DeviceId,
+}
+
 enum Outbound {
     Batch(Arc<Appended>),
     Claim(Claim),
+    Revoked(Revoked),
     Forward(super::NodeId, Forward, oneshot::Sender<Forwarded>),
 }
 
@@ -207,6 +218,10 @@ impl Peers for Bus {
 
     fn claim(&self, user: &UserId, device: &DeviceId, conn: ConnId) {
         self.send(Outbound::Claim(Claim { user: user.clone(), device: device.clone(), conn: conn.get() }));
+    }
+
+    fn revoke(&self, user: &UserId, device: &DeviceId) {
+        self.send(Outbound::Revoked(Revoked { user: user.clone(), device: device.clone() }));
     }
 }
 
@@ -384,6 +399,7 @@ impl Publisher {
         let encoded = match message {
             Outbound::Batch(a) => serde_json::to_vec(&*a).map(|b| (format!("{BATCHES}.{}", a.conv_id), b)),
             Outbound::Claim(c) => serde_json::to_vec(&c).map(|b| (ROUTES.to_owned(), b)),
+            Outbound::Revoked(r) => serde_json::to_vec(&r).map(|b| (REVOKED.to_owned(), b)),
             Outbound::Forward(home, forward, reply) => return self.forward(home, forward, reply).await,
         };
         let Ok((subject, bytes)) = encoded else {
@@ -475,6 +491,7 @@ async fn round_trip(client: &Client, subject: &str) -> bool {
 struct Subscriptions {
     batches: Subscriber,
     routes: Subscriber,
+    revoked: Subscriber,
     lost: Subscriber,
     /// Those of a node taking homes.
     homes: Option<HomeSubscriptions>,
@@ -509,6 +526,7 @@ impl Subscriptions {
         let subs = Self {
             batches: client.subscribe(format!("{BATCHES}.>")).await?,
             routes: client.subscribe(ROUTES).await?,
+            revoked: client.subscribe(REVOKED).await?,
             lost: client.subscribe(LOST).await?,
             homes,
         };
@@ -522,6 +540,7 @@ impl Subscriptions {
 enum Input {
     Batch(Message),
     Claim(Message),
+    Revoked(Message),
     Lost,
     Event(Event),
     Tick,
@@ -576,6 +595,7 @@ impl Inbound {
                 _ = heartbeats.tick(), if takes_homes => Input::Heartbeat,
                 Some(m) = subs.batches.next() => Input::Batch(m),
                 Some(m) = subs.routes.next() => Input::Claim(m),
+                Some(m) = subs.revoked.next() => Input::Revoked(m),
                 Some(_) = subs.lost.next() => Input::Lost,
                 Some(m) = next(nodes) => Input::Node(m),
                 Some(m) = next(writes) => Input::Write(m),
@@ -588,6 +608,10 @@ impl Inbound {
             match input {
                 Input::Batch(m) => Self::batch(&delivery, &m),
                 Input::Claim(m) => self.claim(&delivery, &m),
+                Input::Revoked(m) => match serde_json::from_slice::<Revoked>(&m.payload) {
+                    Ok(r) => delivery.kick_revoked(&r.user, &r.device),
+                    Err(e) => tracing::warn!(error = %e, "bus: a revocation that does not decode"),
+                },
                 Input::Lost => {
                     tracing::warn!("bus: another node lost batches: every user here resyncs");
                     delivery.resync_all();

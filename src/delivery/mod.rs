@@ -80,6 +80,8 @@ pub trait Peers: Send + Sync {
     /// Connection `conn` (a cluster-wide id) is now the route of `user`'s
     /// `device` here: a node holding an older connection of it kicks that one.
     fn claim(&self, user: &UserId, device: &DeviceId, conn: ConnId);
+    /// `user`'s `device` has a new token: a node routing it kicks that connection.
+    fn revoke(&self, user: &UserId, device: &DeviceId);
 }
 
 struct LaneHandle {
@@ -146,6 +148,23 @@ impl Delivery {
     pub fn claim(&self, user: &UserId, device: &DeviceId, conn: ConnId) {
         if let Some(peers) = self.peers.get() {
             peers.claim(user, device, conn);
+        }
+    }
+
+    /// `user`'s `device` has a new token: its connection, on this node or
+    /// another, is kicked (`token_revoked`).
+    pub fn revoke(&self, user: &UserId, device: &DeviceId) {
+        self.kick_revoked(user, device);
+        if let Some(peers) = self.peers.get() {
+            peers.revoke(user, device);
+        }
+    }
+
+    /// Kicks this node's connection of `user`'s `device`, if any, for a new token.
+    pub fn kick_revoked(&self, user: &UserId, device: &DeviceId) {
+        if let Some(route) = self.routes.route(user, device) {
+            // A control message: never dropped for a full mailbox.
+            route.recipient.push.do_send(Push::Kick(KickReason::TokenRevoked));
         }
     }
 

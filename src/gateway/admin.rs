@@ -8,7 +8,6 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::http::{fields, resource};
 use super::{auth, AppState};
-use crate::delivery::{KickReason, Push};
 use crate::domain::{check_text, MAX_DISPLAY_NAME_CHARS};
 
 fn string_field<'a>(fields: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
@@ -38,9 +37,9 @@ async fn create_user(
 
 /// `{"device_id"}` → 201 `{"user_id","device_id","token"}`. Issuing again
 /// rotates: the old token stops working and the device's live connection is
-/// kicked with `token_revoked`. A connection that authenticated with the old
-/// token just before the rotation re-checks its token once registered
-/// (`session.rs`), so it cannot slip past this kick.
+/// kicked with `token_revoked`, on whichever node it is. A connection that
+/// authenticated with the old token just before the rotation re-checks its
+/// token once registered (`session.rs`), so it cannot slip past this kick.
 async fn issue_device(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -51,10 +50,7 @@ async fn issue_device(
     let user = UserId::parse(string_field(&fields, "user_id")?)?;
     let device = DeviceId::parse(string_field(&fields, "device_id")?)?;
     let issued = state.store.issue_device_token(&user, &device).await?;
-    if let Some(route) = state.delivery.routes().route(&user, &device) {
-        // A control message: never dropped for a full mailbox.
-        route.recipient.push.do_send(Push::Kick(KickReason::TokenRevoked));
-    }
+    state.delivery.revoke(&user, &device);
     Ok(HttpResponse::Created().json(json!({
         "user_id": issued.user_id.as_str(),
         "device_id": issued.device_id.as_str(),

@@ -251,6 +251,32 @@ async fn a_killed_home_nodes_conversations_move_to_the_survivors_and_every_ack_s
     assert!(check.resolve(observed.clone(), pass), "{observed}");
 }
 
+#[actix_web::test]
+async fn a_token_rotated_through_one_node_kicks_the_devices_connection_on_another() {
+    let check = Check::start(
+        SUITE,
+        "13-token-rotation",
+        "3 nodes; a device connected to node 3; its token rotated through node 1's admin API",
+        "the connection on node 3 is told `kicked: token_revoked` and closed; the old token is refused on every node, the new one accepted",
+    );
+    let c = Cluster::start(3).await;
+    let old = c.user("r0").await;
+    let mut ws = c.nodes[2].ws(&old).await;
+    let (status, issued) = c.admin("/v1/admin/users/r0/devices", json!({"device_id": "d1"})).await;
+    assert_eq!(status, 201, "rotate: {issued}");
+    let new = issued["token"].as_str().expect("new token");
+    let closed = ws.closed().await;
+    let kicked = closed.pushes.iter().any(|p| p["push"] == "kicked" && p["reason"] == "token_revoked");
+    let mut old_refused = Vec::new();
+    for node in &c.nodes {
+        old_refused.push(node.try_ws(&old).await.err());
+    }
+    let new_accepted = c.nodes[2].try_ws(new).await.is_ok();
+    let observed = json!({"kicked_token_revoked": kicked, "close_code": closed.code, "old_token_upgrade": old_refused, "new_token_accepted": new_accepted});
+    let pass = kicked && old_refused.iter().all(|s| *s == Some(401)) && new_accepted;
+    assert!(check.resolve(observed.clone(), pass), "{observed}");
+}
+
 /// Whether `ws` was told `kicked: replaced` and closed.
 async fn kicked_replaced(ws: &mut Ws) -> bool {
     ws.closed().await.pushes.iter().any(|p| p["push"] == "kicked" && p["reason"] == "replaced")
