@@ -66,18 +66,7 @@ async fn hot_group(ctx: &Ctx, s: &Setup) -> Result<Vec<Value>, BoxError> {
         let setup = hot::setup(nodes.first(), max_c, a.receivers).await?;
         let mut runs = vec![];
         for &c in &a.cluster_senders {
-            let p = hot::Params {
-                scenario: "cluster-hot",
-                write_path: "actor",
-                senders: c,
-                window: a.window,
-                receivers: a.receivers,
-                seconds: a.seconds,
-                messages: a.messages,
-                rate: None,
-                source_addrs: a.source_addrs,
-                delivery_mode: "push",
-            };
+            let p = a.hot_params("cluster-hot", "actor", c, "push");
             runs.push(s.stamp(hot::run(&nodes, &ctx.pg, &db, &setup, &p).await?));
         }
         Ok::<_, BoxError>(runs)

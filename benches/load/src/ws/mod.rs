@@ -131,6 +131,31 @@ pub struct Args {
     out_dir: PathBuf,
 }
 
+impl Args {
+    /// A closed-loop hot-group run of `senders` with this command line's
+    /// window, receivers and bounds.
+    fn hot_params<'a>(
+        &'a self,
+        scenario: &'static str,
+        path: &'a str,
+        senders: usize,
+        delivery_mode: &'a str,
+    ) -> hot::Params<'a> {
+        hot::Params {
+            scenario,
+            write_path: path,
+            senders,
+            window: self.window,
+            receivers: self.receivers,
+            seconds: self.seconds,
+            messages: self.messages,
+            rate: None,
+            source_addrs: self.source_addrs,
+            delivery_mode,
+        }
+    }
+}
+
 pub fn main(args: Args) -> std::process::ExitCode {
     imcore::telemetry::init("warn");
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -274,18 +299,7 @@ async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
             let setup = hot::setup(nodes.first(), max_c, a.receivers).await?;
             let mut runs = vec![];
             for &c in &a.senders {
-                let p = hot::Params {
-                    scenario: "hot-group",
-                    write_path: path,
-                    senders: c,
-                    window: a.window,
-                    receivers: a.receivers,
-                    seconds: a.seconds,
-                    messages: a.messages,
-                    rate: None,
-                    source_addrs: a.source_addrs,
-                    delivery_mode: &a.hot_delivery,
-                };
+                let p = a.hot_params("hot-group", path, c, &a.hot_delivery);
                 runs.push(hot::run(nodes, &ctx.pg, db, &setup, &p).await?);
             }
             // The best run that verified: a rate bought by closing connections is no maximum.
@@ -297,16 +311,8 @@ async fn hot_group(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
             if let (true, Some((best, best_c))) = (path == "actor", best) {
                 let senders = a.half_senders.unwrap_or(best_c);
                 let p = hot::Params {
-                    scenario: "half-load",
-                    write_path: path,
-                    senders,
-                    window: a.window,
-                    receivers: a.receivers,
-                    seconds: a.seconds,
-                    messages: a.messages,
                     rate: Some((best / 2.0).max(1.0)),
-                    source_addrs: a.source_addrs,
-                    delivery_mode: &a.hot_delivery,
+                    ..a.hot_params("half-load", path, senders, &a.hot_delivery)
                 };
                 if senders > 0 {
                     runs.push(hot::run(nodes, &ctx.pg, db, &setup, &p).await?);
