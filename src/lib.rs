@@ -22,8 +22,8 @@
 //!   encoded once, bounded per-connection mailboxes, a slow device is closed;
 //!   recipients from what each lane keeps about its online users.
 //! * [`cluster`] — several nodes on one PostgreSQL: the NATS bus that carries
-//!   committed batches and route claims between them (optional; a single
-//!   node runs without it).
+//!   committed batches, route claims and writes forwarded to a conversation's
+//!   home node between them (optional; a single node runs without it).
 //! * [`budget`] — the global memory budget in bytes for queued message bodies
 //!   and queued push frames; beyond it `OVERLOADED` or a 1013 close.
 //! * [`protocol`] — wire shapes (events, conversations, pushes) and error codes.
@@ -78,7 +78,10 @@
 //! On a node of a cluster, hop 4 also hands the batch to the `bus` thread
 //! (`try_send`), which encodes it and publishes it to NATS; the other nodes'
 //! batches come from that thread straight to hop 5 (through the reorder
-//! stage, as this node's own do then).
+//! stage, as this node's own do then). A write whose conversation is homed on
+//! another node leaves at hop 2 for that thread instead (`try_send`), crosses
+//! NATS, and enters the home node's hop 2 from its bus thread; the answer
+//! comes back the same way to the session.
 //!
 //! Nothing on an arbiter blocks: the gateway and the actors only `try_send`
 //! or await; fan-out (encoding, one push per device) is on the lanes, and a
@@ -87,7 +90,8 @@
 //! lanes (with any batch of it that committed meanwhile, under a
 //! per-conversation map entry) and the answer awaits their fan-out, and the
 //! `direct` path hands its batch to the lanes under a per-conversation lock,
-//! once its predecessors were (it awaits them, up to 1 s). With `commit_workers = 0` the
+//! once its predecessors were (it awaits them, up to 1 s; not on a node of a
+//! cluster, whose reorder stage orders them). With `commit_workers = 0` the
 //! batch task runs its own transaction on the actor's arbiter instead of the
 //! System thread. Log lines are written synchronously by whichever thread
 //! logs.
