@@ -40,16 +40,16 @@ SELECT date_trunc('milliseconds', least(now(), (SELECT min(xact_start) FROM pg_s
                                                 WHERE datname = current_database() AND state <> 'idle')))";
 
 /// $1 user, $2 token time, $3 rows to fetch: the user's current
-/// conversations with a new event or a moved read cursor since $2.
+/// conversations (its open periods: a `members` row exists exactly while its
+/// period is open) with a new event or a moved read cursor since $2.
 static CHANGED: LazyLock<String> = LazyLock::new(|| {
     inbox_items_sql(
         "
-  SELECT m.conv_id, p.from_seq
-    FROM members m
-    JOIN membership_periods p ON p.conv_id = m.conv_id AND p.user_id = m.user_id AND p.to_seq IS NULL
-    JOIN conversations c ON c.conv_id = m.conv_id
-    LEFT JOIN read_cursors rc ON rc.user_id = m.user_id AND rc.conv_id = m.conv_id
-   WHERE m.user_id = $1 AND (c.last_event_at >= $2 OR rc.changed_at >= $2)
+  SELECT p.conv_id, p.from_seq
+    FROM membership_periods p
+    JOIN conversations c ON c.conv_id = p.conv_id
+    LEFT JOIN read_cursors rc ON rc.user_id = p.user_id AND rc.conv_id = p.conv_id
+   WHERE p.user_id = $1 AND p.to_seq IS NULL AND (c.last_event_at >= $2 OR rc.changed_at >= $2)
    ORDER BY c.last_event_at DESC, c.conv_id
    LIMIT $3",
     )
