@@ -14,9 +14,10 @@
 //! and, only when named, `groups` (large groups: invite, send, members, RSS),
 //! `latency` (the floor: one send in flight per sender, C =
 //! `--latency-senders`, every sender a member getting the others' pushes)
-//! and `cluster` (one node against `--nodes` of them, see `cluster.rs`).
+//! `cluster` (one node against `--nodes` of them, see `cluster.rs`) and
+//! `storm` (a node with many devices killed, see `storm.rs`).
 //! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`,
-//! `groups.json`, `ws-latency.json`, `cluster.json`.
+//! `groups.json`, `ws-latency.json`, `cluster.json`, `storm.json`.
 //!
 //! With `--nodes N` (N > 1) every server run of `hot`, `fanout` and `latency`
 //! is N `imcore` nodes on the run's database, joined by a `nats-server` of the
@@ -33,6 +34,7 @@ mod log_check;
 mod nodes;
 mod provision;
 mod server;
+mod storm;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -46,8 +48,8 @@ use server::{Pg, Server};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Which scenarios to run (`groups` takes ~5 minutes; it, `latency` and
-    /// `cluster` run only when named).
+    /// Which scenarios to run (`groups` takes ~5 minutes; it, `latency`,
+    /// `cluster` and `storm` run only when named).
     #[arg(long, value_delimiter = ',', default_value = "hot,fanout,connections")]
     scenarios: Vec<String>,
     /// A PostgreSQL server to create the benchmark databases in (any database
@@ -126,6 +128,12 @@ pub struct Args {
     source_addrs: usize,
     #[command(flatten)]
     groups: groups::Args,
+    /// Reconnect storm: devices online on the node that is killed.
+    #[arg(long, default_value_t = 20_000)]
+    storm_devices: usize,
+    /// Reconnect storm: groups every device's user is in.
+    #[arg(long, default_value_t = 20)]
+    storm_groups: usize,
     /// Where the evidence files go.
     #[arg(long, default_value = "evidence/bench")]
     out_dir: PathBuf,
@@ -191,8 +199,8 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     if args.nodes > 1 && (named("connections") || named("groups")) {
         return Err("--nodes above 1 is for the hot, fanout, latency and cluster scenarios".into());
     }
-    if named("cluster") && args.nodes < 2 {
-        return Err("the cluster scenario compares one node with --nodes N: give N of 2 or more".into());
+    if (named("cluster") || named("storm")) && args.nodes < 2 {
+        return Err("the cluster and storm scenarios need --nodes N of 2 or more".into());
     }
     if args.nodes > 1 {
         nodes::nats_binary()?;
@@ -233,6 +241,9 @@ async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     }
     if want("cluster") {
         failed.extend(cluster::run(ctx).await?);
+    }
+    if want("storm") {
+        failed.extend(storm::run(ctx).await?);
     }
     Ok(failed)
 }

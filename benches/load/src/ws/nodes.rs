@@ -128,6 +128,12 @@ impl Nodes {
         (self.servers.len() > 1).then(|| i % self.servers.len())
     }
 
+    /// Kills node `i` (SIGKILL); from then on its CPU reads 0.
+    pub fn kill(&mut self, i: usize) -> Result<(), BoxError> {
+        let node = self.servers.get_mut(i).ok_or("no such node")?;
+        Ok(node.kill()?)
+    }
+
     /// RSS of the nodes together.
     pub fn rss_kib(&self) -> u64 {
         self.servers.iter().map(Server::rss_kib).sum()

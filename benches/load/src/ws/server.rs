@@ -192,6 +192,12 @@ impl Server {
     pub fn stop(&mut self) {
         stop_child(&mut self.child, "imcore");
     }
+
+    /// SIGKILL, like a crashed machine: nothing said to anyone.
+    pub fn kill(&mut self) -> std::io::Result<()> {
+        self.child.kill()?;
+        self.child.wait().map(drop)
+    }
 }
 
 /// The child gets SIGTERM when this process dies: no server outlives a run.
