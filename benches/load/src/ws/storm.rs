@@ -63,7 +63,11 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
     let a = &ctx.args;
     let victim = nodes.count() - 1;
     let first = nodes.first().port;
-    let (admin, devices) = (nodes.first().admin.clone(), a.storm_devices);
+    // The victim and this process hold one descriptor per device, within the
+    // open-file limit (which the nodes inherit): more devices are clamped.
+    let nofile = super::server::raise_nofile(1 << 20);
+    let devices = a.storm_devices.min((nofile as usize).saturating_sub(1000));
+    let admin = nodes.first().admin.clone();
     let users_n = devices.div_ceil(a.devices_per_user.max(1)).clamp(1, 1000);
     let users: Vec<String> = (0..users_n).map(|i| format!("su{i}")).collect();
     let t = Instant::now();
@@ -179,7 +183,8 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
         lost.len(),
     );
     Ok(json!({
-        "scenario": "storm", "nodes": nodes.count(), "killed_node": victim, "devices": devices, "users": users_n,
+        "scenario": "storm", "nodes": nodes.count(), "killed_node": victim, "devices": devices,
+        "devices_requested": a.storm_devices, "open_file_limit": nofile, "users": users_n,
         "groups": groups.len(), "groups_changed": CHANGED.min(groups.len()), "connect_s": connect_s,
         "reconnect": {"first_retry_ms": FIRST_RETRY.as_millis() as u64, "max_retry_ms": MAX_RETRY.as_millis() as u64,
                       "rule": "full jitter: a random delay below a bound that starts at first_retry and doubles per failed attempt up to max_retry; survivors in turn"},
