@@ -2,8 +2,9 @@
 //! users share `--storm-groups` groups, online on the last of `--nodes`
 //! nodes, which is killed (SIGKILL) while a sender keeps writing through the
 //! first (to groups of its own, homed on every node, the victim included).
-//! Right after the kill the sender writes once to `CHANGED` of the devices'
-//! groups. Every device then does what a client of PROTOCOL §4 and §7 does:
+//! After the devices took their tokens, `CHANGED` of their groups get a
+//! message. Once the node is killed every device does what a client of
+//! PROTOCOL §4 and §7 does:
 //! reconnects to a surviving node after a random delay (full jitter, doubling
 //! from `FIRST_RETRY` up to `MAX_RETRY`) and asks `conversations` with the
 //! `since` token it kept. Reports the time until every device is back and
@@ -125,20 +126,20 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
     let connect_s = t.elapsed().as_secs_f64();
     eprintln!("storm: {devices} devices online on node {victim} in {connect_s:.1} s");
 
-    let sender_ws = provision::connect_retry(first, provision::source_addr(0, addrs), &sender_token).await?;
+    let mut changer = provision::connect_retry(first, provision::source_addr(1, addrs), &changer_token).await?;
+    for (n, g) in groups.iter().take(CHANGED).enumerate() {
+        let fields = json!({"conv_id": g, "client_msg_id": format!("changed-{n}"), "body": {"type": "text", "text": "while you were away"}});
+        changer.request("send", fields).await?;
+    }
+    changer.close().await;
     let sending = Arc::new(AtomicBool::new(true));
-    let sender = tokio::spawn(send(sender_ws, own.clone(), sending.clone()));
+    let sender = tokio::spawn(send(first, sender_token, own.clone(), sending.clone()));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let xacts_before = committed(db).await?;
     nodes.kill(victim)?;
     let kill = Instant::now();
     let _ = killed_at.send(Some(kill));
     let cpu = CpuWindow::start(&*nodes, &ctx.pg);
-    let mut changer = provision::connect_retry(first, provision::source_addr(1, addrs), &changer_token).await?;
-    for (n, g) in groups.iter().take(CHANGED).enumerate() {
-        let fields = json!({"conv_id": g, "client_msg_id": format!("changed-{n}"), "body": {"type": "text", "text": "while you were away"}});
-        changer.request("send", fields).await?;
-    }
     let mut all_back = true;
     let deadline = tokio::time::Instant::now() + STORM_LIMIT;
     while !tasks.is_empty() {
@@ -192,7 +193,7 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
         "attempts": back.attempts.load(Ordering::Relaxed), "refused": back.refused.load(Ordering::Relaxed),
         "since_resets": resets, "errors": back.errors.load(Ordering::Relaxed),
         "postgres_commits": xacts, "postgres_commits_per_s": xacts as f64 / storm_s, "cpu": cpu,
-        "sender": {"acked": sent.acked.len(), "refused": sent.refused, "lost": lost.len(), "doubled": doubled},
+        "sender": {"acked": sent.acked.len(), "refused": sent.refused, "unanswered": sent.unanswered, "lost": lost.len(), "doubled": doubled},
         "verified": verified,
     }))
 }
@@ -246,33 +247,48 @@ impl Device {
     }
 }
 
-/// What the sender got acked, by client_msg_id, and how many sends were refused.
+/// What the sender got acked, by client_msg_id; how many sends were refused,
+/// and how many were in flight on a connection that closed (their outcome
+/// unknown: they are not retried, and not checked).
 struct Sent {
     acked: HashMap<String, i64>,
     refused: u64,
+    unanswered: u64,
 }
 
-/// Sends round robin over `groups`, `SEND_WINDOW` in flight, until told to stop.
-async fn send(mut ws: Ws, groups: Vec<String>, sending: Arc<AtomicBool>) -> Result<Sent, BoxError> {
-    let mut sent = Sent { acked: HashMap::new(), refused: 0 };
-    let mut in_flight = std::collections::VecDeque::new();
+/// Sends round robin over `groups` through the node on `port`, `SEND_WINDOW`
+/// in flight, until told to stop; a closed connection is opened again.
+async fn send(port: u16, token: String, groups: Vec<String>, sending: Arc<AtomicBool>) -> Result<Sent, BoxError> {
+    let mut sent = Sent { acked: HashMap::new(), refused: 0, unanswered: 0 };
     let mut n = 0usize;
-    loop {
-        while sending.load(Ordering::Relaxed) && in_flight.len() < SEND_WINDOW {
-            let key = format!("storm-{n}");
-            let fields = json!({"conv_id": groups[n % groups.len()], "client_msg_id": key, "body": {"type": "text", "text": "through the storm", "n": n}});
-            in_flight.push_back((ws.start("send", fields).await?, key));
-            n += 1;
-        }
-        let Some((id, key)) = in_flight.pop_front() else { return Ok(sent) };
-        let reply = ws.reply(id).await?;
-        match reply["seq"].as_i64() {
-            Some(seq) => {
-                sent.acked.insert(key, seq);
+    while sending.load(Ordering::Relaxed) {
+        let mut ws = provision::connect_retry(port, provision::source_addr(0, 1), &token).await?;
+        let mut in_flight = std::collections::VecDeque::new();
+        let closed = loop {
+            while sending.load(Ordering::Relaxed) && in_flight.len() < SEND_WINDOW {
+                let key = format!("storm-{n}");
+                let fields = json!({"conv_id": groups[n % groups.len()], "client_msg_id": key,
+                                    "body": {"type": "text", "text": "through the storm", "n": n}});
+                n += 1;
+                match ws.start("send", fields).await {
+                    Ok(id) => in_flight.push_back((id, key)),
+                    Err(_) => break,
+                }
             }
-            None => sent.refused += 1,
+            let Some((id, key)) = in_flight.pop_front() else { break false };
+            match ws.reply(id).await {
+                Ok(reply) => match reply["seq"].as_i64() {
+                    Some(seq) => drop(sent.acked.insert(key, seq)),
+                    None => sent.refused += 1,
+                },
+                Err(_) => break true,
+            }
+        };
+        if closed {
+            sent.unanswered += in_flight.len() as u64 + 1;
         }
     }
+    Ok(sent)
 }
 
 /// Transactions PostgreSQL committed so far in the benchmark's database.
