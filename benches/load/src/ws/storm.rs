@@ -13,13 +13,13 @@
 //! send acked before, during and after the kill is in the log exactly once.
 //! Writes `storm.json`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::{stream, StreamExt};
-use imcore_client::Ws;
+use imcore_client::{ClientError, Ws};
 use rand::Rng;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
@@ -47,9 +47,28 @@ struct Back {
     /// Seconds from the kill until the delta was answered.
     seconds: Mutex<Vec<f64>>,
     attempts: AtomicU64,
-    refused: AtomicU64,
+    /// Failed attempts by why: the upgrade's HTTP status, the connection
+    /// closing (with its code) before the delta, an i/o error.
+    failed: Mutex<BTreeMap<String, u64>>,
     resets: AtomicU64,
-    errors: AtomicU64,
+}
+
+impl Back {
+    fn failed(&self, why: String) {
+        if let Ok(mut f) = self.failed.lock() {
+            *f.entry(why).or_default() += 1;
+        }
+    }
+}
+
+/// A failed attempt's kind, for [`Back::failed`].
+fn why(e: &ClientError) -> String {
+    match e {
+        ClientError::Refused(status) => format!("upgrade_{status}"),
+        ClientError::Closed { code } => format!("closed_{}", code.map_or("none".into(), |c| c.to_string())),
+        ClientError::Io(e) => format!("io_{:?}", e.kind()),
+        other => other.to_string(),
+    }
 }
 
 pub async fn run(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
@@ -171,14 +190,14 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
     let seconds = std::mem::take(&mut *back.seconds.lock().map_err(|_| "poisoned")?);
     let synced = seconds.len();
     let resets = back.resets.load(Ordering::Relaxed);
+    let failed = std::mem::take(&mut *back.failed.lock().map_err(|_| "poisoned")?);
     let verified = all_back && synced == devices && resets == 0 && lost.is_empty() && doubled == 0;
     let latency = Percentiles::of(seconds.iter().map(|s| s * 1000.0).collect());
     eprintln!(
-        "storm: {synced}/{devices} back and synced in {storm_s:.1} s (ms from the kill: {}), attempts {}, refused {}, \
+        "storm: {synced}/{devices} back and synced in {storm_s:.1} s (ms from the kill: {}), attempts {}, failed {failed:?}, \
          resets {resets}, postgres {xacts} commits ({:.0}/s), sends acked {} (lost {}, doubled {doubled}) verified {verified}",
         latency.text(),
         back.attempts.load(Ordering::Relaxed),
-        back.refused.load(Ordering::Relaxed),
         xacts as f64 / storm_s,
         sent.acked.len(),
         lost.len(),
@@ -190,8 +209,7 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
         "reconnect": {"first_retry_ms": FIRST_RETRY.as_millis() as u64, "max_retry_ms": MAX_RETRY.as_millis() as u64,
                       "rule": "full jitter: a random delay below a bound that starts at first_retry and doubles per failed attempt up to max_retry; survivors in turn"},
         "back_and_synced": synced, "storm_s": storm_s, "back_ms": latency.json(),
-        "attempts": back.attempts.load(Ordering::Relaxed), "refused": back.refused.load(Ordering::Relaxed),
-        "since_resets": resets, "errors": back.errors.load(Ordering::Relaxed),
+        "attempts": back.attempts.load(Ordering::Relaxed), "failed_attempts": failed, "since_resets": resets,
         "postgres_commits": xacts, "postgres_commits_per_s": xacts as f64 / storm_s, "cpu": cpu,
         "sender": {"acked": sent.acked.len(), "refused": sent.refused, "unanswered": sent.unanswered, "lost": lost.len(), "doubled": doubled},
         "verified": verified,
@@ -223,8 +241,8 @@ impl Device {
             let src = provision::source_addr(self.i, self.addrs);
             let mut ws = match Ws::connect_from(src, port, Some(&self.token)).await {
                 Ok(ws) => ws,
-                Err(_) => {
-                    back.refused.fetch_add(1, Ordering::Relaxed);
+                Err(e) => {
+                    back.failed(why(&e));
                     continue;
                 }
             };
@@ -239,9 +257,8 @@ impl Device {
                     back.resets.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                _ => {
-                    back.errors.fetch_add(1, Ordering::Relaxed);
-                }
+                Ok(other) => back.failed(format!("answered_{}", other["error"]["code"].as_str().unwrap_or("?"))),
+                Err(e) => back.failed(why(&e)),
             }
         }
     }
