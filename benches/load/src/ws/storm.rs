@@ -66,7 +66,7 @@ fn why(e: &ClientError) -> String {
     match e {
         ClientError::Refused(status) => format!("upgrade_{status}"),
         ClientError::Closed { code } => format!("closed_{}", code.map_or("none".into(), |c| c.to_string())),
-        ClientError::Io(e) => format!("io_{:?}", e.kind()),
+        ClientError::Io(e) => format!("io: {e}"),
         other => other.to_string(),
     }
 }
