@@ -229,6 +229,8 @@ struct Device {
 impl Device {
     async fn ride_out(self, mut ws: Ws, mut killed: tokio::sync::watch::Receiver<Option<Instant>>, back: Arc<Back>) {
         while ws.next_text().await.is_ok() {}
+        // Its descriptor goes now: the new connection needs one.
+        drop(ws);
         let Ok(at) = killed.wait_for(Option::is_some).await.map(|at| *at) else { return };
         let lost_at = at.unwrap_or_else(Instant::now);
         let mut bound = FIRST_RETRY;
