@@ -33,14 +33,14 @@
 //!   other node, through `imcore.lost` once the bus takes messages again.
 //!
 //! What this node published and NATS did not confirm before its connection
-//! dropped is published again once reconnected (see [`Publisher`]).
+//! dropped is published again once reconnected (`publisher`); writes
+//! forwarded to a home node travel as requests (`forward`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use async_nats::{Client, ConnectOptions, Event, Message, RequestErrorKind, StatusCode, Subscriber};
+use async_nats::{Client, ConnectOptions, Event, Message, Subscriber};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use imcore_actors::registry::ConnId;
@@ -48,34 +48,23 @@ use imcore_actors::{ConvId, DeviceId, UserId};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::forward::{self, Forward, PendingWrites, Route, WRITES};
 use super::home::{Homes, HEARTBEAT};
+use super::publisher::{round_trip, Claim, Outbound, Publisher, Revoked, BATCHES, LOST, OUTBOX, REVOKED, ROUTES};
 use super::routing::{settle, Settled};
 use crate::delivery::{Delivery, KickReason, Peers, Push, REORDER_WAIT};
-use crate::domain::Rejection;
 use crate::metrics::metrics;
-use crate::store::{Appended, WriteOp, Written};
-use crate::writer::{WriteFailure, Writer};
+use crate::store::{Appended, WriteOp};
+use crate::writer::Writer;
 
-const BATCHES: &str = "imcore.batch";
-const ROUTES: &str = "imcore.route";
-const REVOKED: &str = "imcore.revoke";
-const LOST: &str = "imcore.lost";
 const CONFIRM: &str = "imcore.confirm";
 const NODES: &str = "imcore.node";
-const WRITES: &str = "imcore.write";
 
-/// Batches and claims waiting for the bus. Past it this node's batches are
-/// lost to the others, and it says so (`imcore.lost`) once it can.
-const OUTBOX: usize = 16_384;
 /// Messages waiting in this node's subscriptions; past it NATS drops them
 /// and reports a slow consumer (every user here resyncs).
 const INBOX: usize = 65_536;
 /// The first connection to NATS must succeed within this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a confirmation round trip may take; past it the messages stay
-/// unconfirmed (and are published again if the connection turns out lost).
-/// Publishing waits meanwhile, so it is short.
-const CONFIRM_WAIT: Duration = Duration::from_secs(1);
 /// Longest pause between two reconnect attempts.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 /// NATS is pinged this often; two pings unanswered count as a disconnect, so
@@ -109,94 +98,6 @@ pub enum BusError {
     Connect { url: String, cause: String },
     #[error("cannot start the bus thread: {0}")]
     Thread(#[source] std::io::Error),
-}
-
-/// A route claim on the bus (`routing`).
-#[derive(Debug, Serialize, Deserialize)]
-struct Claim {
-    user: UserId,
-    device: DeviceId,
-    conn: u64,
-}
-
-/// A write on its way to its conversation's home node.
-#[derive(Serialize, Deserialize)]
-struct Forward {
-    conv: ConvId,
-    op: WriteOp,
-}
-
-/// The home node's answer to a [`Forward`].
-#[derive(Serialize, Deserialize)]
-enum Answer {
-    Written(Written),
-    Rejected(Rejection),
-    Overloaded,
-    Failed(String),
-}
-
-impl From<Result<Written, WriteFailure>> for Answer {
-    fn from(result: Result<Written, WriteFailure>) -> Self {
-        match result {
-            Ok(written) => Answer::Written(written),
-            Err(WriteFailure::Rejected(r)) => Answer::Rejected(r),
-            Err(WriteFailure::Overloaded) => Answer::Overloaded,
-            Err(WriteFailure::Internal(cause)) => Answer::Failed(cause.to_string()),
-        }
-    }
-}
-
-impl From<Answer> for Result<Written, WriteFailure> {
-    fn from(answer: Answer) -> Self {
-        match answer {
-            Answer::Written(written) => Ok(written),
-            Answer::Rejected(r) => Err(WriteFailure::Rejected(r)),
-            Answer::Overloaded => Err(WriteFailure::Overloaded),
-            Answer::Failed(cause) => Err(WriteFailure::internal(format!("at the home node: {cause}"))),
-        }
-    }
-}
-
-/// Where a write goes.
-pub enum Route {
-    /// To its home node; the answer comes here.
-    Forwarded(oneshot::Receiver<Forwarded>),
-    Here(ConvId, WriteOp),
-}
-
-/// What became of a forwarded write.
-pub enum Forwarded {
-    /// The home node wrote it (or refused it).
-    Answered(Result<Written, WriteFailure>),
-    /// No node listens at the home (it died or left): nothing was written
-    /// there; the op comes back to be written here.
-    NotThere(ConvId, WriteOp),
-    /// This node lost its bus connection with the write in flight: it may or
-    /// may not have been written.
-    Lost,
-}
-
-/// A forwarded write waiting for its answer, by reply token.
-struct Pending {
-    reply: oneshot::Sender<Forwarded>,
-    /// Kept for [`Forwarded::NotThere`].
-    forward: Forward,
-}
-
-type PendingWrites = Arc<Mutex<HashMap<u64, Pending>>>;
-
-/// A device whose token was rotated.
-#[derive(Debug, Serialize, Deserialize)]
-struct Revoked {
-    user: UserId,
-    device: DeviceId,
-}
-
-enum Outbound {
-    Batch(Arc<Appended>),
-    Claim(Claim),
-    Revoked(Revoked),
-    Forward(super::NodeId, Forward, oneshot::Sender<Forwarded>),
 }
 
 /// This node's side of the bus, as delivery sees it ([`Peers`]).
@@ -235,7 +136,6 @@ impl Bus {
         let node = NodeId::random();
         let homes = homes.then(|| Arc::new(Homes::new(node.clone())));
         let serving = homes.as_ref().map(|homes| (writer.clone(), homes.clone()));
-        let pending = PendingWrites::default();
         let (events_in, events) = mpsc::unbounded_channel();
         let options = ConnectOptions::new()
             .name(node.as_str())
@@ -271,15 +171,15 @@ impl Bus {
                 runtime.block_on(async move {
                     let subscribed = async {
                         let client = options.connect(url_owned.as_str()).await.map_err(|e| e.to_string())?;
-                        let inbox = client.new_inbox();
+                        let pending = Arc::new(PendingWrites::new(client.new_inbox()));
                         let serves = serving.is_some().then_some(node_name.as_str());
-                        let subs = Subscriptions::open(&client, &confirm_subject, serves, &inbox)
+                        let subs = Subscriptions::open(&client, &confirm_subject, serves, &pending)
                             .await
                             .map_err(|e| e.to_string())?;
-                        Ok::<_, String>((client, subs, inbox))
+                        Ok::<_, String>((client, subs, pending))
                     };
                     match subscribed.await {
-                        Ok((client, subs, inbox)) => {
+                        Ok((client, subs, pending)) => {
                             let _ = ready.send(Ok(()));
                             let reconnected = Arc::new(Notify::new());
                             let inbound = Inbound {
@@ -301,9 +201,7 @@ impl Bus {
                                 reconnected,
                                 unconfirmed: Vec::new(),
                                 confirm_subject,
-                                inbox,
                                 pending,
-                                next_token: 0,
                             };
                             publisher.run().await;
                         }
@@ -348,146 +246,6 @@ impl Bus {
     }
 }
 
-/// Publishes the outbox in order until it closes (the node's delivery is
-/// gone). Encoding happens here, once per batch, off the actors' threads.
-///
-/// Core NATS loses what was still in the socket when a connection drops, and
-/// the other nodes cannot tell. So what was published stays here until a
-/// round trip to the server on the same connection confirms it;
-/// once reconnected, whatever is unconfirmed is published again, ahead of
-/// anything newer. A node that already had a batch takes the copy as late
-/// (its users already reflect it: nothing is pushed twice).
-struct Publisher {
-    client: Client,
-    outgoing: mpsc::Receiver<Outbound>,
-    lost: Arc<AtomicBool>,
-    /// Signalled once reconnected, subscriptions confirmed.
-    reconnected: Arc<Notify>,
-    /// Published and not yet confirmed, in order.
-    unconfirmed: Vec<(String, Bytes)>,
-    /// `imcore.confirm.<node>`: nobody subscribes to it.
-    confirm_subject: String,
-    /// Where the answers to this node's forwarded writes come (`<inbox>.<token>`).
-    inbox: String,
-    pending: PendingWrites,
-    next_token: u64,
-}
-
-impl Publisher {
-    async fn run(mut self) {
-        loop {
-            tokio::select! {
-                biased;
-                () = self.reconnected.notified() => self.resend().await,
-                message = self.outgoing.recv() => match message {
-                    Some(m) => self.send(m).await,
-                    None => return,
-                },
-            }
-            if self.outgoing.is_empty() {
-                self.confirm().await;
-            }
-            // Published after whatever it covers: a node that hears it has had
-            // every batch of ours that made it.
-            if self.lost.swap(false, Ordering::Relaxed) && self.client.publish(LOST, Bytes::new()).await.is_err() {
-                self.lost.store(true, Ordering::Relaxed);
-            }
-        }
-    }
-
-    async fn send(&mut self, message: Outbound) {
-        let encoded = match message {
-            Outbound::Batch(a) => serde_json::to_vec(&*a).map(|b| (format!("{BATCHES}.{}", a.conv_id), b)),
-            Outbound::Claim(c) => serde_json::to_vec(&c).map(|b| (ROUTES.to_owned(), b)),
-            Outbound::Revoked(r) => serde_json::to_vec(&r).map(|b| (REVOKED.to_owned(), b)),
-            Outbound::Forward(home, forward, reply) => return self.forward(home, forward, reply).await,
-        };
-        let Ok((subject, bytes)) = encoded else {
-            return self.lost.store(true, Ordering::Relaxed);
-        };
-        let bytes = Bytes::from(bytes);
-        if self.client.publish(subject.clone(), bytes.clone()).await.is_err() {
-            return self.lost.store(true, Ordering::Relaxed);
-        }
-        if self.unconfirmed.len() >= OUTBOX {
-            // Too much to send again: say it is lost instead.
-            self.unconfirmed.clear();
-            self.lost.store(true, Ordering::Relaxed);
-        }
-        self.unconfirmed.push((subject, bytes));
-    }
-
-    /// Publishes a write for its home node, answered on this node's inbox.
-    /// Not kept for publishing again: a lost request is answered `Lost`
-    /// (the caller's retry with the same key is safe), not repeated.
-    async fn forward(&mut self, home: super::NodeId, forward: Forward, reply: oneshot::Sender<Forwarded>) {
-        let bytes = match serde_json::to_vec(&forward) {
-            Ok(b) => Bytes::from(b),
-            Err(e) => {
-                tracing::error!(error = %e, "bus: a write that does not encode is written here");
-                return drop(reply.send(Forwarded::NotThere(forward.conv, forward.op)));
-            }
-        };
-        let token = self.next_token;
-        self.next_token += 1;
-        let subject = format!("{WRITES}.{}", home.as_str());
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(token, Pending { reply, forward });
-        if self.client.publish_with_reply(subject, format!("{}.{token}", self.inbox), bytes).await.is_err() {
-            // Never queued on the connection: nothing went out, so it is written here.
-            let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&token);
-            if let Some(Pending { reply, forward }) = pending {
-                let _ = reply.send(Forwarded::NotThere(forward.conv, forward.op));
-            }
-        }
-    }
-
-    /// Forgets what a round trip on the connection it went out on confirmed:
-    /// a request nobody answers, which the server refuses (no responders)
-    /// only after everything this connection sent before it. (The client's
-    /// `flush` only empties the socket's buffer.)
-    async fn confirm(&mut self) {
-        if self.unconfirmed.is_empty() {
-            return;
-        }
-        let (published, connects) = (self.unconfirmed.len(), self.connects());
-        if round_trip(&self.client, &self.confirm_subject).await && self.connects() == connects {
-            self.unconfirmed.drain(..published);
-        }
-    }
-
-    /// Connections made so far: a round trip answered on a later one confirms
-    /// nothing sent on an earlier one.
-    fn connects(&self) -> u64 {
-        self.client.statistics().connects.load(Ordering::Relaxed)
-    }
-
-    async fn resend(&mut self) {
-        if !self.unconfirmed.is_empty() {
-            tracing::info!(
-                messages = self.unconfirmed.len(),
-                "bus: publishing again what the lost connection may have dropped"
-            );
-        }
-        for (subject, bytes) in &self.unconfirmed {
-            if self.client.publish(subject.clone(), bytes.clone()).await.is_err() {
-                self.lost.store(true, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-/// Whether the server answered a request on `subject` (which nobody
-/// subscribes to: it answers "no responders") within [`CONFIRM_WAIT`]. The
-/// server handles a connection's messages in order, so an answer means it
-/// has everything this connection sent before.
-async fn round_trip(client: &Client, subject: &str) -> bool {
-    match tokio::time::timeout(CONFIRM_WAIT, client.request(subject.to_owned(), Bytes::new())).await {
-        Ok(Ok(_)) => true,
-        Ok(Err(e)) => e.kind() == RequestErrorKind::NoResponders,
-        Err(_) => false,
-    }
-}
-
 struct Subscriptions {
     batches: Subscriber,
     routes: Subscriber,
@@ -513,13 +271,13 @@ impl Subscriptions {
         client: &Client,
         confirm_subject: &str,
         homes: Option<&str>,
-        inbox: &str,
+        pending: &PendingWrites,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let homes = match homes {
             Some(node) => Some(HomeSubscriptions {
                 nodes: client.subscribe(NODES).await?,
                 writes: client.subscribe(format!("{WRITES}.{node}")).await?,
-                answers: client.subscribe(format!("{inbox}.*")).await?,
+                answers: client.subscribe(pending.answers()).await?,
             }),
             None => None,
         };
@@ -573,7 +331,7 @@ struct Inbound {
     /// A node taking homes: the writer for what is forwarded here, and the
     /// live nodes its heartbeats keep.
     serving: Option<(Writer, Arc<Homes>)>,
-    pending: PendingWrites,
+    pending: Arc<PendingWrites>,
     node: String,
 }
 
@@ -620,8 +378,12 @@ impl Inbound {
                 Input::Tick => delivery.expire_reordered(),
                 Input::Heartbeat => self.heartbeat().await,
                 Input::Node(m) => self.heard(&m),
-                Input::Write(m) => self.serve(m),
-                Input::Answer(m) => self.answered(&m),
+                Input::Write(m) => {
+                    if let Some((writer, _)) = &self.serving {
+                        forward::serve(&self.client, writer, m);
+                    }
+                }
+                Input::Answer(m) => self.pending.answered(&m),
             }
         }
     }
@@ -662,49 +424,13 @@ impl Inbound {
     async fn heartbeat(&self) {
         let Some((_, homes)) = &self.serving else { return };
         homes.expire(Instant::now());
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, p| !p.reply.is_closed());
+        self.pending.forget_abandoned();
         let _ = self.client.publish(NODES, Bytes::from(self.node.clone())).await;
     }
 
     fn heard(&self, m: &Message) {
         let (Some((_, homes)), Ok(node)) = (&self.serving, std::str::from_utf8(&m.payload)) else { return };
         homes.heard(NodeId(node.to_owned()), Instant::now());
-    }
-
-    /// Writes what another node forwarded here, in the order it came (each
-    /// op is queued before the next message is read), and answers it.
-    fn serve(&self, m: Message) {
-        let (Some((writer, _)), Some(reply_to)) = (&self.serving, m.reply) else { return };
-        metrics().forwarded_writes.with_label_values(&["served"]).inc();
-        let written = serde_json::from_slice::<Forward>(&m.payload).map(|f| writer.write(f.conv, f.op));
-        let client = self.client.clone();
-        tokio::spawn(async move {
-            let answer = match written {
-                Ok(written) => Answer::from(written.await),
-                Err(e) => Answer::Failed(format!("the forwarded write does not decode: {e}")),
-            };
-            match serde_json::to_vec(&answer) {
-                Ok(bytes) => drop(client.publish(reply_to, Bytes::from(bytes)).await),
-                Err(e) => tracing::error!(error = %e, "bus: an answer that does not encode"),
-            }
-        });
-    }
-
-    fn answered(&self, m: &Message) {
-        let token = m.subject.rsplit('.').next().and_then(|t| t.parse::<u64>().ok());
-        let pending = token.and_then(|t| self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&t));
-        let Some(Pending { reply, forward }) = pending else { return };
-        let forwarded = if m.status == Some(StatusCode::NO_RESPONDERS) {
-            Forwarded::NotThere(forward.conv, forward.op)
-        } else {
-            match serde_json::from_slice::<Answer>(&m.payload) {
-                Ok(answer) => Forwarded::Answered(answer.into()),
-                Err(e) => {
-                    Forwarded::Answered(Err(WriteFailure::internal(format!("an answer that does not decode: {e}"))))
-                }
-            }
-        };
-        let _ = reply.send(forwarded);
     }
 
     async fn event(&mut self, delivery: &Delivery, event: Event) {
@@ -716,9 +442,7 @@ impl Inbound {
                 if let Some((_, homes)) = &self.serving {
                     homes.alone();
                 }
-                for (_, pending) in self.pending.lock().unwrap_or_else(|e| e.into_inner()).drain() {
-                    let _ = pending.reply.send(Forwarded::Lost);
-                }
+                self.pending.lose_all();
             }
             Event::Connected if self.down => {
                 // The subscriptions go out again before anything else on the

@@ -21,7 +21,8 @@ use futures_util::future::Either;
 use imcore_actors::ConvId;
 use sha2::{Digest, Sha256};
 
-use super::bus::{Bus, Forwarded, Route};
+use super::bus::Bus;
+use super::forward::{Forwarded, Route};
 use crate::metrics::metrics;
 use crate::store::{WriteOp, Written};
 use crate::writer::{WriteFailure, Writer};
