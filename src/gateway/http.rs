@@ -3,6 +3,7 @@
 //! cannot redirect a request to another conversation) — and goes through the
 //! same [`ops::dispatch`] as a WebSocket frame.
 
+use actix_web::http::header::ContentType;
 use actix_web::http::{header, Method, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, Resource, Route};
 use futures_util::StreamExt;
@@ -90,7 +91,7 @@ async fn call_with(
     let parsed = Request::parse(op, &fields, state.config.max_body_bytes)?;
     let reply = ops::dispatch(&state, &caller, parsed, "http").await?;
     let status = if reply.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(HttpResponse::build(status).json(reply.body))
+    Ok(HttpResponse::build(status).content_type(ContentType::json()).body(reply.json))
 }
 
 /// A resource answering `routes`; any other method gets 405 with `Allow` and

@@ -9,6 +9,7 @@ use actix_web::web;
 use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
 use imcore_actors::{ConvId, UserId};
+use serde::Serialize;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
@@ -18,22 +19,33 @@ use super::request::{NewConversation, Request};
 use super::AppState;
 use crate::domain::format_time;
 use crate::metrics::{metrics, observe_send, Running};
-use crate::protocol::{conversation_json, event_json, inbox_item_json, push_read, send_ack_json, ErrorCode};
+use crate::protocol::{conversation_json, inbox_item_json, push_read, send_ack, sync_page, ErrorCode};
 use crate::store::{
     Appended, CreateConversation, GroupOp, InboxDelta, RecallOp, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
 };
 use crate::writer::WriteFailure;
-/// A successful answer: the PROTOCOL result object, and whether it created
-/// something (HTTP 201 rather than 200).
+/// A successful answer: the PROTOCOL result object as JSON text, encoded
+/// once for either transport, and whether it created something (HTTP 201
+/// rather than 200).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
     pub created: bool,
-    pub body: Value,
+    pub json: String,
 }
 
 impl Reply {
-    fn ok(body: Value) -> Self {
-        Self { created: false, body }
+    fn new(created: bool, result: impl Serialize) -> Result<Self, ApiError> {
+        match serde_json::to_string(&result) {
+            Ok(json) => Ok(Self { created, json }),
+            Err(e) => {
+                tracing::error!(error = %e, "a result did not encode");
+                Err(ApiError::internal())
+            }
+        }
+    }
+
+    fn ok(result: impl Serialize) -> Result<Self, ApiError> {
+        Self::new(false, result)
     }
 }
 
@@ -81,7 +93,7 @@ pub fn dispatch(
                 let result = written.await;
                 observe_send(started.elapsed());
                 match result? {
-                    Written::Sent(ack) => Ok(Reply { created: !ack.dup, body: send_ack_json(&ack) }),
+                    Written::Sent(ack) => Reply::new(!ack.dup, send_ack(&ack)),
                     other => {
                         tracing::error!(?other, "a send was answered with another outcome");
                         Err(ApiError::internal())
@@ -116,7 +128,7 @@ async fn queued(
     running: Running,
 ) -> Result<Reply, ApiError> {
     let _running = running;
-    Ok(Reply::ok(written_json(&written.await?)))
+    Reply::ok(written_json(&written.await?))
 }
 
 /// The answer to `ping`, with or without an `id`.
@@ -129,19 +141,19 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
     match req {
         Request::CreateConversation(new) => create_conversation(state, user, new).await,
         Request::GetConversation { conv } => {
-            Ok(Reply::ok(conversation_json(&state.store.get_conversation(&conv, user).await?)))
+            Reply::ok(conversation_json(&state.store.get_conversation(&conv, user).await?))
         }
         Request::Conversations { limit, cursor } => {
             let page = state.store.inbox(user, limit, cursor.as_deref()).await?;
             let items: Vec<Value> = page.items.iter().map(inbox_item_json).collect();
-            Ok(Reply::ok(json!({"conversations": items, "next_cursor": page.next_cursor, "since": page.since})))
+            Reply::ok(json!({"conversations": items, "next_cursor": page.next_cursor, "since": page.since}))
         }
         Request::ConversationsSince { since } => match state.store.inbox_since(user, &since).await? {
             InboxDelta::Changed { items, left, since } => {
                 let items: Vec<Value> = items.iter().map(inbox_item_json).collect();
-                Ok(Reply::ok(json!({"conversations": items, "left": left, "since": since})))
+                Reply::ok(json!({"conversations": items, "left": left, "since": since}))
             }
-            InboxDelta::Reset => Ok(Reply::ok(json!({"reset": true}))),
+            InboxDelta::Reset => Reply::ok(json!({"reset": true})),
         },
         Request::Sync(p) => {
             let sync = SyncRequest {
@@ -154,35 +166,22 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
                 max_bytes: state.config.sync_max_bytes,
             };
             let page = state.store.sync(&sync).await?;
-            let events: Vec<Value> = page.events.iter().map(event_json).collect();
-            let mut body = json!({
-                "events": events,
-                "head": page.head,
-                "min_seq": page.min_seq,
-                "epoch": page.epoch,
-                "next_after": page.next_after,
-                "has_more": page.has_more,
-                "truncated": page.truncated,
-            });
-            if let (Some(next_before), Value::Object(m)) = (page.next_before, &mut body) {
-                m.insert("next_before".into(), next_before.into());
-            }
-            Ok(Reply::ok(body))
+            Reply::ok(sync_page(&page))
         }
         Request::Read { conv, seq } => {
             let read_seq = state.store.mark_read(&conv, user, seq).await?;
             let frame: Arc<str> = push_read(conv.as_str(), read_seq).into();
             state.delivery.to_user(user, &frame, Some(&caller.device_id));
-            Ok(Reply::ok(json!({ "read_seq": read_seq })))
+            Reply::ok(json!({ "read_seq": read_seq }))
         }
         Request::Members { conv, after, limit, q } => {
-            Ok(Reply::ok(members_json(&state.store.members(&conv, user, after, limit, q.as_deref()).await?)))
+            Reply::ok(members_json(&state.store.members(&conv, user, after, limit, q.as_deref()).await?))
         }
         Request::Applications { conv, after, limit } => {
-            Ok(Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?)))
+            Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?))
         }
-        Request::Ping => Ok(Reply::ok(pong())),
-        Request::WhoAmI => Ok(Reply::ok(json!({ "user_id": user.as_str(), "device_id": caller.device_id.as_str() }))),
+        Request::Ping => Reply::ok(pong()),
+        Request::WhoAmI => Reply::ok(json!({ "user_id": user.as_str(), "device_id": caller.device_id.as_str() })),
         // Queued on the writer in `dispatch`.
         Request::Send { .. } | Request::Group { .. } | Request::Recall { .. } => Err(ApiError::internal()),
     }
@@ -217,5 +216,5 @@ async fn create_conversation(state: &AppState, user: &UserId, new: NewConversati
         delivery_mode: info.delivery_mode,
     }))
     .await;
-    Ok(Reply { created: created.created, body: conversation_json(&info) })
+    Reply::new(created.created, conversation_json(&info))
 }

@@ -45,7 +45,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws::{self, CloseCode, CloseReason, ProtocolError};
 use futures_util::Stream;
 use imcore_actors::registry::{ConnId, Registered};
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use super::error::ApiError;
@@ -54,7 +54,7 @@ use super::request::Request;
 use super::{auth, AppState};
 use crate::delivery::{Conn, KickReason, PendingHeads, Push};
 use crate::metrics::metrics;
-use crate::protocol::{push_head, push_kicked, ErrorCode};
+use crate::protocol::{push_head, push_kicked, reply_frame, ErrorCode};
 use crate::store::TokenOwner;
 
 /// `GET /v1/ws`: authenticates before upgrading (401 otherwise).
@@ -236,27 +236,14 @@ impl WsSession {
     }
 
     fn reply(ctx: &mut ws::WebsocketContext<Self>, id: Option<&Value>, result: Result<Reply, ApiError>) {
-        let mut out = Map::new();
-        if let Some(id) = id {
-            out.insert("id".into(), id.clone());
-        }
-        match result {
-            Ok(reply) => {
-                out.insert("ok".into(), true.into());
-                match reply.body {
-                    Value::Object(fields) => out.extend(fields),
-                    other => {
-                        out.insert("result".into(), other);
-                    }
-                }
-            }
+        let frame = match &result {
+            Ok(reply) => reply_frame(id, Ok(&reply.json)),
             Err(e) => {
                 e.count();
-                out.insert("ok".into(), false.into());
-                out.insert("error".into(), json!(e.0));
+                reply_frame(id, Err(&e.0))
             }
-        }
-        ctx.text(Value::Object(out).to_string());
+        };
+        ctx.text(frame);
     }
 
     fn on_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {

@@ -5,8 +5,9 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::WireError;
 use crate::domain::{format_time, Event, EventKind};
-use crate::store::{ConversationInfo, InboxItem, SendAck};
+use crate::store::{ConversationInfo, InboxItem, SendAck, SyncPage};
 
 #[derive(Serialize)]
 struct Sender<'a> {
@@ -142,8 +143,62 @@ pub fn push_kicked(reason: &str) -> String {
     json!({"push": "kicked", "reason": reason}).to_string()
 }
 
-pub fn send_ack_json(ack: &SendAck) -> Value {
-    json!({"seq": ack.seq, "message_id": ack.message_id, "dup": ack.dup, "created_at": format_time(ack.created_at)})
+#[derive(Serialize)]
+pub struct WireAck {
+    seq: i64,
+    message_id: uuid::Uuid,
+    dup: bool,
+    created_at: String,
+}
+
+/// PROTOCOL §5 `send` result.
+pub fn send_ack(ack: &SendAck) -> WireAck {
+    WireAck { seq: ack.seq, message_id: ack.message_id, dup: ack.dup, created_at: format_time(ack.created_at) }
+}
+
+#[derive(Serialize)]
+pub struct WireSyncPage<'a> {
+    events: Vec<WireEvent<'a>>,
+    head: i64,
+    min_seq: i64,
+    epoch: i32,
+    next_after: i64,
+    has_more: bool,
+    truncated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_before: Option<i64>,
+}
+
+/// PROTOCOL §5 `sync` result, encoded straight from the events (a sync page
+/// is the largest reply: no JSON tree is built for it).
+pub fn sync_page(page: &SyncPage) -> WireSyncPage<'_> {
+    WireSyncPage {
+        events: page.events.iter().map(wire_event).collect(),
+        head: page.head,
+        min_seq: page.min_seq,
+        epoch: page.epoch,
+        next_after: page.next_after,
+        has_more: page.has_more,
+        truncated: page.truncated,
+        next_before: page.next_before,
+    }
+}
+
+/// A reply frame (PROTOCOL §4): `id` (absent when the request had none),
+/// `ok`, and the result object's fields (`result`, its JSON text) or `error`.
+pub fn reply_frame(id: Option<&Value>, result: Result<&str, &WireError>) -> String {
+    let id = id.map(|id| format!(r#""id":{id},"#)).unwrap_or_default();
+    match result {
+        Ok(object) => match object.strip_prefix('{').map(str::trim_start) {
+            Some("}") => format!(r#"{{{id}"ok":true}}"#),
+            Some(fields) => format!(r#"{{{id}"ok":true,{fields}"#),
+            None => format!(r#"{{{id}"ok":true,"result":{object}}}"#),
+        },
+        Err(e) => {
+            let error = serde_json::to_string(e).unwrap_or_default();
+            format!(r#"{{{id}"ok":false,"error":{error}}}"#)
+        }
+    }
 }
 
 /// PROTOCOL §5 conversation object.
@@ -201,5 +256,21 @@ mod tests {
         assert_eq!(one, json!({"push": "event", "conv_id": "g-1", "event": event_json(&e(1))}));
         let two: Value = serde_json::from_str(&push_encoded_events("g-1", &[&a, &b])).expect("json");
         assert_eq!(two, json!({"push": "events", "conv_id": "g-1", "events": [event_json(&e(1)), event_json(&e(2))]}));
+    }
+
+    #[test]
+    fn reply_frames_carry_the_id_ok_and_the_result_fields_or_the_error() {
+        let parse = |frame: String| serde_json::from_str::<Value>(&frame).expect("json");
+        let id = json!(7);
+        let result = r#"{"seq":3,"dup":false}"#;
+        assert_eq!(parse(reply_frame(Some(&id), Ok(result))), json!({"id": 7, "ok": true, "seq": 3, "dup": false}));
+        assert_eq!(parse(reply_frame(Some(&id), Ok("{}"))), json!({"id": 7, "ok": true}));
+        assert_eq!(parse(reply_frame(None, Ok(result))), json!({"ok": true, "seq": 3, "dup": false}));
+        assert_eq!(parse(reply_frame(Some(&id), Ok("[1]"))), json!({"id": 7, "ok": true, "result": [1]}));
+        let e = WireError::new(super::super::ErrorCode::NotMember, "no");
+        assert_eq!(
+            parse(reply_frame(Some(&id), Err(&e))),
+            json!({"id": 7, "ok": false, "error": {"code": "NOT_MEMBER", "message": "no"}})
+        );
     }
 }

@@ -117,7 +117,9 @@ impl Writer {
         async move {
             match queued {
                 Queued::Actor(reply) => Ok(reply.await??),
-                Queued::Direct { direct, conv, op } => direct.write(conv, op).await,
+                // Boxed: a whole transaction's state (~10 KB) would otherwise
+                // size, and be copied with, every actor-path send's future.
+                Queued::Direct { direct, conv, op } => Box::pin(direct.write(conv, op)).await,
             }
         }
     }
