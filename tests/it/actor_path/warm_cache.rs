@@ -22,7 +22,8 @@ pub(super) async fn another_writers_changes_reach_a_warm_cache(workers: usize) {
          elsewhere: u-x muted by SQL before the cache warmed (the roster never saw u-x) → MUTED while u-y, \
          unknown to the roster too, is acked; u-m muted by a second writer on another pool, and (as an operator's SQL would, with no \
          event) muted with member_version moved, and mute_all set → each time the actor's next send of u-m \
-         is MUTED; the owner's send through the second writer then through the actor → consecutive seqs; \
+         is MUTED; u-m's key m2 again on the warm cache (its one round trip meets the key in the log) → dup \
+         with m2's seq, and the next send takes the next seq (the retry took none); the owner's send through the second writer then through the actor → consecutive seqs; \
          u-m's first key again through the actor → dup with its original seq; log gapless",
     );
     let db = TestDb::with_pool(8).await;
@@ -59,6 +60,9 @@ pub(super) async fn another_writers_changes_reach_a_warm_cache(workers: usize) {
     sql("UPDATE conversations SET member_version = member_version + 1 WHERE conv_id = $1").await;
     warm.push(send(&actor, "u-m", "m7").await);
     warm.push(send(&actor, "u-m", "m8").await);
+    // A retry the warm cache cannot tell apart: its one round trip meets the key in the log.
+    let warm_replay = send(&actor, "u-m", "m2").await;
+    let after_replay = send(&actor, "u-m", "m10").await;
     sql("UPDATE conversations SET mute_all = true WHERE conv_id = $1").await;
     muted.push(send(&actor, "u-m", "m9").await);
     let there = send(&elsewhere, "u-o", "o1").await;
@@ -73,12 +77,15 @@ pub(super) async fn another_writers_changes_reach_a_warm_cache(workers: usize) {
         && seq(&there).is_some()
         && seq(&here) == seq(&there).map(|s| s + 1)
         && ack(&replay).is_some_and(|r| r.dup && Some(r.seq) == seq(&first))
+        && ack(&warm_replay).is_some_and(|r| r.dup && Some(r.seq) == seq(&warm[0]))
+        && seq(&after_replay) == seq(&warm[warm.len() - 1]).map(|s| s + 1)
         && gapless(stats);
     let observed = json!({
         "warm_sends": warm.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
         "after_each_mute": muted.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
         "owner_elsewhere": format!("{there:?}"), "owner_through_actor": format!("{here:?}"),
         "first": format!("{first:?}"), "replay_of_first": format!("{replay:?}"),
+        "warm_replay_of_m2": format!("{warm_replay:?}"), "after_it": format!("{after_replay:?}"),
         "log": {"count": stats.0, "max": stats.1, "next_seq": stats.2},
     });
     assert!(check.resolve(observed, pass));
