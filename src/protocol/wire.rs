@@ -185,7 +185,8 @@ pub fn sync_page(page: &SyncPage) -> WireSyncPage<'_> {
 }
 
 /// A reply frame (PROTOCOL §4): `id` (absent when the request had none),
-/// `ok`, and the result object's fields (`result`, its JSON text) or `error`.
+/// `ok`, and either the fields of the result object, given as its JSON text,
+/// or `error`.
 pub fn reply_frame(id: Option<&Value>, result: Result<&str, &WireError>) -> String {
     let id = id.map(|id| format!(r#""id":{id},"#)).unwrap_or_default();
     match result {

@@ -26,8 +26,8 @@
 //! * each sender taken to be a plain member is one (no mute, no extra bits).
 //!
 //! Otherwise it writes nothing for that batch (the transaction commits empty
-//! or, on a taken key, rolls back), which runs the full path (lock and reads, then append) on the same
-//! connection.
+//! or, on a taken key, rolls back), which runs the full path (lock and reads,
+//! then append) on the same connection.
 //! Either way every check holds under the lock (ARCHITECTURE §3): the guard
 //! is evaluated on the locked row — a row updated while the lock was awaited
 //! is read again at its newest version, and an append by anyone else moves
