@@ -202,8 +202,13 @@ async fn drive(writer: &Writer, load: &Load<'_>) -> (Vec<Ack>, u64, Duration) {
         let (convs, users) = (load.convs.to_vec(), load.users.to_vec());
         actix::spawn(async move {
             let mut rng = (s as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
+            // Open loop: each sender's first tick is staggered over the period
+            // (as `ws` does), so the offered load arrives evenly, not as one
+            // burst of every sender per period.
             let mut interval = rate.map(|r| {
-                let mut i = tokio::time::interval(Duration::from_secs_f64(senders as f64 / r.max(1.0)));
+                let period = Duration::from_secs_f64(senders as f64 / r.max(1.0));
+                let first = started + period.mul_f64(s as f64 / senders.max(1) as f64);
+                let mut i = tokio::time::interval_at(first.into(), period);
                 i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
                 i
             });
