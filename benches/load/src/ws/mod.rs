@@ -270,11 +270,8 @@ async fn start_nodes(
 
 /// SIGTERM to the nodes, then their database is dropped.
 async fn stop_nodes(ctx: &Ctx, mut nodes: Nodes, db: Store, db_name: &str) {
-    drop(db);
     nodes.stop();
-    if let Err(e) = ctx.pg.drop_db(db_name).await {
-        eprintln!("drop database {db_name}: {e}");
-    }
+    drop_database(ctx, db, db_name).await;
 }
 
 /// A fresh database and one server on it (scenarios that run on one node only).
@@ -290,8 +287,13 @@ async fn start_server(ctx: &Ctx, name: &str, write_path: &str) -> Result<(Server
 
 /// SIGTERM to the server, then its database is dropped.
 async fn stop_server(ctx: &Ctx, mut server: Server, db: Store, db_name: &str) {
-    drop(db);
     server.stop();
+    drop_database(ctx, db, db_name).await;
+}
+
+/// Closes the run's own connections to its database, then drops it.
+async fn drop_database(ctx: &Ctx, db: Store, db_name: &str) {
+    drop(db);
     if let Err(e) = ctx.pg.drop_db(db_name).await {
         eprintln!("drop database {db_name}: {e}");
     }
