@@ -113,6 +113,15 @@ async fn members(c: &Cluster, conv: &str, users: &[&str]) -> Vec<String> {
     tokens
 }
 
+/// A WebSocket per token, token `i` on node `i` modulo the nodes.
+async fn online(c: &Cluster, tokens: &[String]) -> Vec<Ws> {
+    let mut devices = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        devices.push(c.nodes[i % c.nodes.len()].ws(t).await);
+    }
+    devices
+}
+
 #[actix_web::test]
 async fn a_batch_reaches_the_online_members_on_every_node_once_and_in_seq_order() {
     let check = Check::start(
@@ -126,10 +135,7 @@ async fn a_batch_reaches_the_online_members_on_every_node_once_and_in_seq_order(
     let c = Cluster::start_writing_locally(3).await;
     let users = ["u0", "u1", "u2", "u3", "u4", "u5"];
     let tokens = members(&c, "g-x", &users).await;
-    let mut devices = Vec::new();
-    for (i, t) in tokens.iter().enumerate() {
-        devices.push(c.nodes[i % 3].ws(t).await);
-    }
+    let mut devices = online(&c, &tokens).await;
     let sends = devices
         .iter_mut()
         .enumerate()
@@ -173,10 +179,7 @@ async fn a_conversation_spread_over_the_nodes_is_written_by_its_home_node_alone(
     );
     let c = Cluster::start(3).await;
     let tokens = members(&c, "g-h", &["h0", "h1", "h2"]).await;
-    let mut devices = Vec::new();
-    for (i, t) in tokens.iter().enumerate() {
-        devices.push(c.nodes[i].ws(t).await);
-    }
+    let mut devices = online(&c, &tokens).await;
     let sends = devices
         .iter_mut()
         .enumerate()
@@ -205,10 +208,7 @@ async fn a_killed_home_nodes_conversations_move_to_the_survivors_and_every_ack_s
     );
     let mut c = Cluster::start(3).await;
     let tokens = members(&c, "g-m", &["m0", "m1", "m2"]).await;
-    let mut devices = Vec::new();
-    for (i, t) in tokens.iter().enumerate() {
-        devices.push(c.nodes[i].ws(t).await);
-    }
+    let mut devices = online(&c, &tokens).await;
     for (i, ws) in devices.iter_mut().enumerate() {
         send_all(ws, "g-m", &keys(&format!("a{i}"), 1)).await;
     }
@@ -341,6 +341,15 @@ struct Device {
 }
 
 impl Device {
+    /// A device per token, token `i` on node `i` modulo the nodes.
+    async fn each_on_a_node(c: &Cluster, tokens: &[String]) -> Vec<Self> {
+        let mut devices = Vec::new();
+        for (i, t) in tokens.iter().enumerate() {
+            devices.push(Device::connect(c, t, i % c.nodes.len()).await);
+        }
+        devices
+    }
+
     async fn connect(c: &Cluster, token: &str, node: usize) -> Self {
         let ws = c.nodes[node].ws(token).await;
         Self {
@@ -404,10 +413,7 @@ async fn a_killed_nodes_devices_reconnect_elsewhere_and_nothing_acked_is_lost_or
     let mut c = Cluster::start(3).await;
     let users = ["k0", "k1", "k2", "k3", "k4", "k5"];
     let tokens = members(&c, "g-k", &users).await;
-    let mut devices = Vec::new();
-    for (i, t) in tokens.iter().enumerate() {
-        devices.push(Device::connect(&c, t, i % 3).await);
-    }
+    let mut devices = Device::each_on_a_node(&c, &tokens).await;
     // Acked key → seq, and the seqs each device sent (not pushed back to it).
     let mut acked: BTreeMap<String, i64> = BTreeMap::new();
     let mut own: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); devices.len()];
@@ -497,10 +503,7 @@ async fn a_nats_restart_closes_connections_to_resync_and_delivery_recovers_by_it
     );
     let mut c = Cluster::start(3).await;
     let tokens = members(&c, "g-n", &["n0", "n1", "n2"]).await;
-    let mut devices = Vec::new();
-    for (i, t) in tokens.iter().enumerate() {
-        devices.push(Device::connect(&c, t, i).await);
-    }
+    let mut devices = Device::each_on_a_node(&c, &tokens).await;
     let first = send_all(&mut devices[0].ws, "g-n", &["before".to_owned()]).await[0];
     let before: Vec<Vec<i64>> =
         join_all(devices[1..].iter_mut().map(|d| async move { pushed_until(&mut d.ws, "g-n", 1).await })).await;
