@@ -100,6 +100,9 @@ pub enum BusError {
     Thread(#[source] std::io::Error),
 }
 
+/// Outbox slots forwarded writes never take (a quarter of it).
+const FORWARD_RESERVE: usize = OUTBOX / 4;
+
 /// This node's side of the bus, as delivery sees it ([`Peers`]).
 pub struct Bus {
     node: NodeId,
@@ -219,11 +222,17 @@ impl Bus {
 
     /// Hands `op` to the bus for `conv`'s home node, if that is another
     /// node. Else gives it back to be written here: the home is here, this
-    /// node takes no homes, or the outbox is full.
+    /// node takes no homes, or the outbox is all but full. Forwards leave
+    /// [`FORWARD_RESERVE`] of it to batches, claims and revocations, whose
+    /// loss makes every node resync; a write made here instead is as correct
+    /// (the row lock guards it), only not batched with the home's.
     pub fn forward(&self, conv: ConvId, op: WriteOp) -> Route {
         let Some(home) = self.homes.as_ref().and_then(|homes| homes.home_of(&conv)) else {
             return Route::Here(conv, op);
         };
+        if self.outbox.capacity() <= FORWARD_RESERVE {
+            return Route::Here(conv, op);
+        }
         let Ok(slot) = self.outbox.try_reserve() else {
             return Route::Here(conv, op);
         };
