@@ -187,6 +187,10 @@ struct Ctx {
     bin: PathBuf,
     pg: Pg,
     env: Vec<(String, String)>,
+    /// The `nats-server` binary, found once when runs have several nodes.
+    nats: Option<PathBuf>,
+    /// The open-file limit, raised as far as this process may.
+    nofile: u64,
     machine: Value,
     started: Instant,
 }
@@ -202,9 +206,7 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     if (named("cluster") || named("storm")) && args.nodes < 2 {
         return Err("the cluster and storm scenarios need --nodes N of 2 or more".into());
     }
-    if args.nodes > 1 {
-        nodes::nats_binary()?;
-    }
+    let nats = if args.nodes > 1 { Some(nodes::nats_binary()?) } else { None };
     std::fs::create_dir_all(&args.data_dir)?;
     let pg = Pg::start(args.database_url.as_deref(), &args.data_dir).await?;
     let env = args
@@ -214,7 +216,7 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
         .collect::<Result<Vec<_>, _>>()?;
     let machine = machine(&pg).await?;
     eprintln!("imcore-load ws: server {} | open files {nofile} | {machine}", bin.display());
-    let ctx = Ctx { args, bin, pg, env, machine, started: Instant::now() };
+    let ctx = Ctx { args, bin, pg, env, nats, nofile, machine, started: Instant::now() };
     let result = scenarios(&ctx).await;
     eprintln!("imcore-load ws: done in {:.0} s", ctx.started.elapsed().as_secs_f64());
     ctx.pg.stop();
@@ -375,18 +377,7 @@ async fn latency(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
             let setup = hot::setup(nodes.first(), max_c, 0).await?;
             let mut runs = vec![];
             for &c in &a.latency_senders {
-                let p = hot::Params {
-                    scenario: "latency",
-                    write_path: path,
-                    senders: c,
-                    window: 1,
-                    receivers: 0,
-                    seconds: a.seconds,
-                    messages: a.messages,
-                    rate: None,
-                    source_addrs: a.source_addrs,
-                    delivery_mode: "push",
-                };
+                let p = hot::Params { window: 1, receivers: 0, ..a.hot_params("latency", path, c, "push") };
                 runs.push(hot::run(&nodes, &ctx.pg, &db, &setup, &p).await?);
             }
             Ok::<_, BoxError>(runs)

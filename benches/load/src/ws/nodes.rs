@@ -88,7 +88,8 @@ impl Nodes {
             nodes.servers.push(Server::start(&ctx.bin, write_path, database_url, &log, env).await?);
             return Ok(nodes);
         }
-        let nats = nodes.nats.insert(Nats::start(&nats_binary()?, &dir.join(format!("nats-{name}.log"))).await?);
+        let nats_bin = ctx.nats.as_deref().ok_or("several nodes need --nodes above 1 (and nats-server)")?;
+        let nats = nodes.nats.insert(Nats::start(nats_bin, &dir.join(format!("nats-{name}.log"))).await?);
         let mut env = env.to_vec();
         env.push(("IMCORE_NATS_URL".into(), format!("nats://127.0.0.1:{}", nats.port)));
         eprintln!("nats {name}: pid {}, port {}", nats.pid, nats.port);

@@ -85,8 +85,7 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
     let first = nodes.first().port;
     // The victim and this process hold one descriptor per device, within the
     // open-file limit (which the nodes inherit): more devices are clamped.
-    let nofile = super::server::raise_nofile(1 << 20);
-    let devices = a.storm_devices.min((nofile as usize).saturating_sub(1000));
+    let devices = a.storm_devices.min((ctx.nofile as usize).saturating_sub(1000));
     let admin = nodes.first().admin.clone();
     let users_n = devices.div_ceil(a.devices_per_user.max(1)).clamp(1, 1000);
     let users: Vec<String> = (0..users_n).map(|i| format!("su{i}")).collect();
@@ -204,7 +203,7 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
     );
     Ok(json!({
         "scenario": "storm", "nodes": nodes.count(), "killed_node": victim, "devices": devices,
-        "devices_requested": a.storm_devices, "open_file_limit": nofile, "users": users_n,
+        "devices_requested": a.storm_devices, "open_file_limit": ctx.nofile, "users": users_n,
         "groups": groups.len(), "groups_changed": CHANGED.min(groups.len()), "connect_s": connect_s,
         "reconnect": {"first_retry_ms": FIRST_RETRY.as_millis() as u64, "max_retry_ms": MAX_RETRY.as_millis() as u64,
                       "rule": "full jitter: a random delay below a bound that starts at first_retry and doubles per failed attempt up to max_retry; survivors in turn"},
@@ -231,8 +230,7 @@ impl Device {
         while ws.next_text().await.is_ok() {}
         // Its descriptor goes now: the new connection needs one.
         drop(ws);
-        let Ok(at) = killed.wait_for(Option::is_some).await.map(|at| *at) else { return };
-        let lost_at = at.unwrap_or_else(Instant::now);
+        let Ok(Some(lost_at)) = killed.wait_for(Option::is_some).await.map(|at| *at) else { return };
         let mut bound = FIRST_RETRY;
         for attempt in 0.. {
             let wait = bound.mul_f64(rand::thread_rng().gen::<f64>());
