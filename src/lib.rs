@@ -34,7 +34,7 @@
 //! * [`config`], [`startup`], [`telemetry`] — configuration, the server
 //!   builder (port 0 for tests), logs; [`cli`] — the command line (the
 //!   server, or `admin …`), [`admin`] — the admin commands, over HTTP.
-//! * The web client (`web/` at the repository's top) is embedded in the
+//! * The web client (`src/web/`) is embedded in the
 //!   binary and served at `/` (`gateway::client`).
 //! * The concurrency core (conversation actors, hub, route registry) is the
 //!   `imcore-actors` crate.

@@ -1,5 +1,4 @@
-//! The browser client (`web/` at the repository's top), embedded in the
-//! binary and served at `/`.
+//! The browser client (`src/web/`), embedded in the binary and served at `/`.
 //!
 //! `index.html` is always revalidated (`no-cache`, with an ETag); it loads the
 //! other files from `/web/<version>/…`, where `<version>` is a digest of all
@@ -19,14 +18,14 @@ use super::ApiError;
 
 /// The files `index.html` loads, by name under `/web/<version>/`.
 const ASSETS: &[(&str, &str, &str)] = &[
-    ("app.js", "text/javascript; charset=utf-8", include_str!("../../web/app.js")),
-    ("connection.js", "text/javascript; charset=utf-8", include_str!("../../web/connection.js")),
-    ("chat.js", "text/javascript; charset=utf-8", include_str!("../../web/chat.js")),
-    ("view.js", "text/javascript; charset=utf-8", include_str!("../../web/view.js")),
-    ("style.css", "text/css; charset=utf-8", include_str!("../../web/style.css")),
+    ("app.js", "text/javascript; charset=utf-8", include_str!("../web/app.js")),
+    ("connection.js", "text/javascript; charset=utf-8", include_str!("../web/connection.js")),
+    ("chat.js", "text/javascript; charset=utf-8", include_str!("../web/chat.js")),
+    ("view.js", "text/javascript; charset=utf-8", include_str!("../web/view.js")),
+    ("style.css", "text/css; charset=utf-8", include_str!("../web/style.css")),
 ];
 
-const INDEX: &str = include_str!("../../web/index.html");
+const INDEX: &str = include_str!("../web/index.html");
 
 /// Where `index.html` names the asset directory.
 const VERSION_MARK: &str = "{{assets}}";
