@@ -102,6 +102,10 @@
 
 #[doc = include_str!("ARCHITECTURE.md")]
 pub mod architecture {}
+#[doc = include_str!("STORAGE_PLAN.md")]
+pub mod storage_plan {}
+#[doc = include_str!("OPERATIONS.md")]
+pub mod operations {}
 pub mod admin;
 pub mod budget;
 pub mod cli;

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""README's large-groups tables, from evidence/bench/groups.json (`imcore-load ws --scenarios groups`).
+"""benches/README.md's large-groups tables, from evidence/bench/groups.json (`imcore-load ws --scenarios groups`).
 
 Rewrites the text between the `<!-- groups:begin -->` and `<!-- groups:end -->` markers of
-README.md; with `--print`, prints it instead. Every figure comes from the JSON.
+benches/README.md; with `--print`, prints it instead. Every figure comes from the JSON.
 
-    python3 benches/load/groups_readme.py [--json evidence/bench/groups.json] [--readme README.md] [--print]
+    python3 benches/load/groups_readme.py [--json evidence/bench/groups.json] [--readme benches/README.md] [--print]
 """
 
 from readme_section import main, ms, n, yes

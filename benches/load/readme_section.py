@@ -1,5 +1,5 @@
-"""What every README-table script of the load generator shares: number formats, and the rewrite
-of the text between a section's `<!-- name:begin -->` and `<!-- name:end -->` markers in README.md
+"""What every benchmark-table script of the load generator shares: number formats, and the rewrite
+of the text between a section's `<!-- name:begin -->` and `<!-- name:end -->` markers in benches/README.md
 from an evidence JSON (`--print` prints it instead)."""
 
 import argparse
@@ -23,11 +23,11 @@ def yes(v):
 
 
 def main(name, default_json, section):
-    """Rewrites README's `name` section with `section(doc)` (a list of lines) of the JSON."""
+    """Rewrites benches/README.md's `name` section with `section(doc)` (a list of lines) of the JSON."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=default_json)
-    ap.add_argument("--readme", default="README.md")
+    ap.add_argument("--readme", default="benches/README.md")
     ap.add_argument("--print", action="store_true")
     a = ap.parse_args()
     with open(a.json) as f:

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""README's retention tables, from evidence/bench/retention.json (`imcore-load retention`).
+"""benches/README.md's retention tables, from evidence/bench/retention.json (`imcore-load retention`).
 
 Rewrites the text between the `<!-- retention:begin -->` and `<!-- retention:end -->` markers of
-README.md; with `--print`, prints it instead. Every figure comes from the JSON.
+benches/README.md; with `--print`, prints it instead. Every figure comes from the JSON.
 
-    python3 benches/load/retention_readme.py [--json evidence/bench/retention.json] [--readme README.md] [--print]
+    python3 benches/load/retention_readme.py [--json evidence/bench/retention.json] [--readme benches/README.md] [--print]
 """
 
 from readme_section import main, ms, n, yes

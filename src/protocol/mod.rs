@@ -3,6 +3,8 @@
 //! The contract itself follows.
 #![doc = include_str!("PROTOCOL.md")]
 
+#[doc = include_str!("EXAMPLES.md")]
+pub mod examples {}
 mod error;
 mod wire;
 
