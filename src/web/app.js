@@ -275,7 +275,8 @@ function renderMembers() {
     const build = () => el(
       "li",
       { dataset: { user: m.user_id } },
-      el("span", { class: "who" }, m.alias ? `${m.alias} (${m.user_id})` : m.user_id),
+      // The alias in <bdi>: a bidi control in it cannot reorder the id beside it.
+      el("span", { class: "who" }, m.alias ? [el("bdi", {}, m.alias), ` (${m.user_id})`] : m.user_id),
       el("span", { class: "role" }, m.role),
       muted(m) && el("span", { class: "muted" }, "muted"),
       may.role &&

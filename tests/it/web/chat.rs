@@ -223,16 +223,16 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
         SUITE,
         "web-group",
         "ana creates group 'Team' with ben and cai from the page, then from its members pane searches, invites dan, \
-         makes ben admin, mutes cai and removes dan; ben (a member, then admin) leaves from his window",
+         makes ben admin, mutes cai and removes dan; cai takes an alias opening with U+202E; ben (a member, then \
+         admin) leaves from his window",
         "each action shows in the members pane and as a line in both windows' logs; ben sees no buttons over the \
-         owner; the search finds only matching members",
+         owner; the search finds only matching members; cai's id beside the alias still reads left to right",
     );
     let s = TestServer::start().await;
     let ana = s.user("ana").await;
     let ben = s.user("ben").await;
-    for u in ["cai", "dan"] {
-        s.user(u).await;
-    }
+    let cai = s.user("cai").await;
+    s.user("dan").await;
     let driver = Driver::start().await;
     let a = driver.window(&login_url(s.port, &ana)).await;
     let b = driver.window(&login_url(s.port, &ben)).await;
@@ -266,6 +266,22 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     a.until("cai muted", &format!("{roster}.includes('cai:member:muted')")).await;
     a.press("#members li[data-user=dan]", "Remove").await;
     a.until("dan removed", &format!("{roster} === 'ana:owner ben:admin cai:member:muted'")).await;
+    // An alias opening with a right-to-left override (U+202E) must not turn
+    // the id shown beside it around: "(cai)" still reads left to right.
+    let (status, _) = s
+        .http("PATCH", &format!("/v1/conversations/{conv}/members/cai"), Some(&cai), Some(&json!({"alias": "\u{202E}evil"})))
+        .await;
+    assert_eq!(status, 200, "cai's alias");
+    let cai_who = "document.querySelector('#members li[data-user=cai] .who')";
+    a.until("cai's alias in the roster", &format!("{cai_who}?.textContent.includes('evil')")).await;
+    let id_reads_forward = a
+        .eval(&format!(
+            "(() => {{ const at = {{}}; const walk = document.createTreeWalker({cai_who}, NodeFilter.SHOW_TEXT); \
+             for (let n; (n = walk.nextNode()); ) for (const c of ['(', ')']) {{ const i = n.data.indexOf(c); \
+             if (i >= 0) {{ const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1); \
+             at[c] = r.getBoundingClientRect().left; }} }} return at['('] < at[')']; }})()"
+        ))
+        .await;
     a.screenshot("group-members").await;
 
     b.open(&conv).await;
@@ -287,11 +303,14 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     .await;
     a.until("the roster without ben", &format!("{roster} === 'ana:owner cai:member:muted'")).await;
 
-    let pass = searched == json!("cai:member") && over_owner == json!(0);
+    let pass = searched == json!("cai:member") && over_owner == json!(0) && id_reads_forward == json!(true);
     for w in [a, b] {
         w.close().await;
     }
-    assert!(check.resolve(json!({"search_c": searched, "ben_buttons_over_owner": over_owner}), pass));
+    assert!(check.resolve(
+        json!({"search_c": searched, "ben_buttons_over_owner": over_owner, "rtl_alias_id_reads_forward": id_reads_forward}),
+        pass
+    ));
 }
 
 #[actix_web::test]
