@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
+use super::error::decoded;
 use super::{Store, StoreError};
 use crate::domain::Rejection;
 
@@ -79,8 +80,12 @@ impl Store {
                 &[(&hash.as_slice(), Type::BYTEA)],
             )
             .await?;
-        Ok(row.and_then(|r| {
-            Some(TokenOwner { user_id: UserId::parse(r.get(0)).ok()?, device_id: DeviceId::parse(r.get(1)).ok()? })
-        }))
+        row.map(|r| {
+            Ok(TokenOwner {
+                user_id: decoded(UserId::parse(r.get(0)), "user_id")?,
+                device_id: decoded(DeviceId::parse(r.get(1)), "device_id")?,
+            })
+        })
+        .transpose()
     }
 }

@@ -22,6 +22,7 @@ use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use super::error::decoded;
 use super::inbox::{inbox_item, inbox_items_sql, InboxItem, INBOX_MAX_LIMIT};
 use super::{Store, StoreError};
 
@@ -102,8 +103,8 @@ impl Store {
             return Ok(InboxDelta::Reset);
         }
         Ok(InboxDelta::Changed {
-            items: changed.iter().map(|r| inbox_item(r).0).collect(),
-            left: left.iter().filter_map(|r| ConvId::parse(r.get(0)).ok()).collect(),
+            items: changed.iter().map(|r| inbox_item(r).map(|(item, _)| item)).collect::<Result<_, _>>()?,
+            left: left.iter().map(|r| decoded(ConvId::parse(r.get(0)), "conv_id")).collect::<Result<_, _>>()?,
             since,
         })
     }

@@ -9,6 +9,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row};
 
 use super::write::{apply_ops, JoinOp, WriteOp};
+use super::error::decoded;
 use super::{Store, StoreError};
 use crate::domain::{DeliveryMode, Event, JoinMode, Rejection, Role};
 
@@ -30,10 +31,11 @@ pub enum CreateConversation {
 
 impl CreateConversation {
     /// The id the conversation will have, when it is known before it exists
-    /// (a direct chat's, a group's chosen one); `None` for a generated id.
+    /// (a direct chat's, a group's chosen one); `None` for a generated id (and
+    /// for a direct id that breaks its invariant: its creation fails anyway).
     pub fn known_id(&self) -> Option<ConvId> {
         match self {
-            CreateConversation::Direct { creator, other } => Some(direct_conv_id(creator, other)),
+            CreateConversation::Direct { creator, other } => direct_conv_id(creator, other).ok(),
             CreateConversation::Group { conv_id, .. } => conv_id.clone(),
         }
     }
@@ -100,12 +102,13 @@ const DIRECT_PREFIX: &str = "d-";
 /// see exists.
 const TAKEN_ID: &str = "conv_id is not available: choose another, or omit it to have one assigned";
 
-/// The id of the direct conversation of a pair, whoever creates it.
-pub fn direct_conv_id(a: &UserId, b: &UserId) -> ConvId {
+/// The id of the direct conversation of a pair, whoever creates it. Hex is in
+/// the id alphabet, so the `Err` is a broken invariant, never an input's fault.
+pub fn direct_conv_id(a: &UserId, b: &UserId) -> Result<ConvId, StoreError> {
     let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
     let digest = Sha256::digest(format!("{lo}\n{hi}").as_bytes());
     let id = format!("{DIRECT_PREFIX}{}", &hex::encode(digest)[..40]);
-    ConvId::parse(&id).unwrap_or_else(|_| unreachable!("hex is in the id alphabet"))
+    ConvId::parse(&id).map_err(|_| StoreError::Invariant("a direct conv_id is not an id"))
 }
 
 pub(super) const CONVERSATION_COLUMNS: &str =
@@ -113,20 +116,24 @@ pub(super) const CONVERSATION_COLUMNS: &str =
     c.member_count, c.mute_all, c.status = 'dismissed', c.next_seq - 1, c.min_seq, c.epoch, c.recall_window_ms,
     c.retention_ms, c.created_at";
 
-pub(super) fn conversation_from_row(r: &Row) -> ConversationInfo {
+pub(super) fn conversation_from_row(r: &Row) -> Result<ConversationInfo, StoreError> {
     conversation_from_row_at(r, 0)
 }
 
 /// Decodes [`CONVERSATION_COLUMNS`] selected from column `at` on (a query that
 /// selects other columns first, like the inbox's).
-pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> ConversationInfo {
-    ConversationInfo {
-        conv_id: ConvId::parse(r.get(at)).unwrap_or_else(|_| unreachable!("checked by the schema")),
-        kind: if r.get::<_, &str>(at + 1) == "group" { "group" } else { "direct" },
+pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> Result<ConversationInfo, StoreError> {
+    Ok(ConversationInfo {
+        conv_id: decoded(ConvId::parse(r.get(at)), "conv_id")?,
+        kind: match r.get::<_, &str>(at + 1) {
+            "group" => "group",
+            "direct" => "direct",
+            _ => return Err(StoreError::Undecodable("conversation kind")),
+        },
         name: r.get(at + 2),
         owner: r.get(at + 3),
-        delivery_mode: r.get::<_, &str>(at + 4).parse().unwrap_or(DeliveryMode::Push),
-        join_mode: r.get::<_, &str>(at + 5).parse().unwrap_or(JoinMode::Invite),
+        delivery_mode: decoded(r.get::<_, &str>(at + 4).parse::<DeliveryMode>(), "delivery_mode")?,
+        join_mode: decoded(r.get::<_, &str>(at + 5).parse::<JoinMode>(), "join_mode")?,
         max_member: r.get(at + 6),
         member_count: r.get(at + 7),
         mute_all: r.get(at + 8),
@@ -137,7 +144,7 @@ pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> ConversationInfo {
         recall_window_ms: r.get(at + 13),
         retention_ms: r.get(at + 14),
         created_at: r.get(at + 15),
-    }
+    })
 }
 
 impl Store {
@@ -147,7 +154,7 @@ impl Store {
                 if creator == other {
                     return Err(Rejection::BadRequest("a direct conversation needs another user".into()).into());
                 }
-                let id = direct_conv_id(creator, other);
+                let id = direct_conv_id(creator, other)?;
                 (id, "direct", creator, std::slice::from_ref(other), GroupSettings::default(), None)
             }
             CreateConversation::Group { creator, conv_id, name, members, settings } => {
@@ -162,7 +169,7 @@ impl Store {
                     }
                     Some(id) => id.clone(),
                     None => ConvId::parse(&format!("g-{}", uuid::Uuid::new_v4().simple()))
-                        .unwrap_or_else(|_| unreachable!("uuid hex is in the id alphabet")),
+                        .map_err(|_| StoreError::Invariant("a generated conv_id is not an id"))?,
                 };
                 (id, "group", creator, members.as_slice(), settings.clone(), Some(name.as_str()))
             }
@@ -268,5 +275,5 @@ async fn read_conversation(
         .query_typed_opt(&sql, &[(&conv.as_str(), Type::TEXT), (&caller.as_str(), Type::TEXT)])
         .await?
         .ok_or(Rejection::NotMember)?;
-    Ok(conversation_from_row(&row))
+    conversation_from_row(&row)
 }

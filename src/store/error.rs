@@ -28,6 +28,10 @@ pub enum StoreError {
     /// Our own code broke a promise it relies on; a bug, not the database.
     #[error("broken invariant: {0}")]
     Invariant(&'static str),
+    /// A stored value the schema's constraints make impossible (ARCHITECTURE
+    /// §2, "Rows that do not decode"): the read fails, nothing is skipped.
+    #[error("a stored {0} does not decode")]
+    Undecodable(&'static str),
     /// The merged transaction this batch was part of failed; every batch of
     /// it gets the one cause.
     #[error("merged write transaction failed")]
@@ -71,7 +75,7 @@ impl StoreError {
             StoreError::Db(e) => Some(classify(e)),
             StoreError::Pool(_) => Some(ErrorClass::Unavailable),
             StoreError::InvalidUrl(_) => Some(ErrorClass::Other),
-            StoreError::Invariant(_) => Some(ErrorClass::Invariant),
+            StoreError::Invariant(_) | StoreError::Undecodable(_) => Some(ErrorClass::Invariant),
             StoreError::Merged(e) => e.class(),
         }
     }
@@ -85,6 +89,11 @@ impl StoreError {
             _ => None,
         }
     }
+}
+
+/// A stored `what` parsed by `parsed`: its error is [`StoreError::Undecodable`].
+pub(super) fn decoded<T, E>(parsed: Result<T, E>, what: &'static str) -> Result<T, StoreError> {
+    parsed.map_err(|_| StoreError::Undecodable(what))
 }
 
 /// Classifies a database error once, by SQLSTATE; no code means the

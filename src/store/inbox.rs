@@ -154,7 +154,7 @@ impl Store {
         let mut next_cursor = None;
         let mut items = Vec::with_capacity(rows.len().min(limit as usize));
         for r in rows.iter().take(limit as usize) {
-            let (item, last_event_at) = inbox_item(r);
+            let (item, last_event_at) = inbox_item(r)?;
             if more {
                 next_cursor = Some(encode_cursor(last_event_at, &item.conversation.conv_id));
             }
@@ -165,14 +165,14 @@ impl Store {
 }
 
 /// An item from a row of [`inbox_items_sql`], and its conversation's `last_event_at`.
-pub(super) fn inbox_item(r: &Row) -> (InboxItem, DateTime<Utc>) {
-    let conversation = conversation_from_row_at(r, CONV_AT);
+pub(super) fn inbox_item(r: &Row) -> Result<(InboxItem, DateTime<Utc>), StoreError> {
+    let conversation = conversation_from_row_at(r, CONV_AT)?;
     let last_event = match r.get::<_, Option<i64>>(0) {
-        Some(_) => event_from_row(&conversation.conv_id, r),
+        Some(_) => Some(event_from_row(&conversation.conv_id, r)?),
         None => None,
     };
     let item = InboxItem { read_seq: r.get(CONV_AT + 16), unread: r.get(CONV_AT + 17), last_event, conversation };
-    (item, r.get(CONV_AT + 18))
+    Ok((item, r.get(CONV_AT + 18)))
 }
 
 /// Opaque to clients: hex of `<last_event_at in µs since the epoch>:<conv_id>`

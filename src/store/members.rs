@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
 
+use super::error::decoded;
 use super::{Store, StoreError};
 use crate::domain::{Rejection, Role};
 
@@ -101,10 +102,10 @@ impl Store {
             .await?;
         let mut members: Vec<MemberInfo> = rows
             .iter()
-            .filter_map(|r| {
-                Some(MemberInfo {
-                    user_id: UserId::parse(r.get(0)).ok()?,
-                    role: r.get::<_, &str>(1).parse().ok()?,
+            .map(|r| {
+                Ok(MemberInfo {
+                    user_id: decoded(UserId::parse(r.get(0)), "user_id")?,
+                    role: decoded(r.get::<_, &str>(1).parse(), "role")?,
                     role_until: r.get(2),
                     extra_perms: r.get::<_, i32>(3).max(0) as u32,
                     alias: r.get(4),
@@ -112,7 +113,7 @@ impl Store {
                     joined_seq: r.get(6),
                 })
             })
-            .collect();
+            .collect::<Result<_, StoreError>>()?;
         let more = members.len() as i64 > limit;
         members.truncate(limit as usize);
         let next = if more { members.last().map(|m| m.joined_seq) } else { None };
@@ -141,14 +142,14 @@ impl Store {
             .await?;
         let mut applications: Vec<Application> = rows
             .iter()
-            .filter_map(|r| {
-                Some(Application {
-                    user_id: UserId::parse(r.get(0)).ok()?,
-                    invited_by: UserId::parse(r.get(1)).ok()?,
+            .map(|r| {
+                Ok(Application {
+                    user_id: decoded(UserId::parse(r.get(0)), "user_id")?,
+                    invited_by: decoded(UserId::parse(r.get(1)), "user_id")?,
                     created_at: r.get(2),
                 })
             })
-            .collect();
+            .collect::<Result<_, StoreError>>()?;
         let more = applications.len() as i64 > limit;
         applications.truncate(limit as usize);
         let next = if more { applications.last().map(|a| a.user_id.clone()) } else { None };
@@ -165,7 +166,7 @@ async fn caller_role(
         .query_typed_opt(CALLER, &[(&conv.as_str(), Type::TEXT), (&caller.as_str(), Type::TEXT)])
         .await?
         .ok_or(Rejection::NotMember)?;
-    Ok((row.get::<_, &str>(0).parse().unwrap_or(Role::Member), row.get(1)))
+    Ok((decoded(row.get::<_, &str>(0).parse(), "role")?, row.get(1)))
 }
 
 /// `q` as the literal start of a LIKE pattern (its `%`, `_` and `\` escaped).

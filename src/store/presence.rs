@@ -6,6 +6,7 @@
 use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
 
+use super::error::decoded;
 use super::{Store, StoreError};
 
 /// The latest membership period of every conversation the user was ever in,
@@ -43,13 +44,12 @@ impl Store {
     pub async fn memberships_of(&self, user: &UserId) -> Result<Vec<Membership>, StoreError> {
         let c = self.pool.get().await?;
         let rows = c.query_typed(MEMBERSHIPS_OF, &[(&user.as_str(), Type::TEXT)]).await?;
-        Ok(rows
-            .iter()
+        rows.iter()
             .map(|row| {
-                let conv_id = ConvId::parse(row.get(0)).unwrap_or_else(|_| unreachable!("checked by the schema"));
+                let conv_id = decoded(ConvId::parse(row.get(0)), "conv_id")?;
                 let open: bool = row.get(2);
-                Membership { conv_id, open_from: open.then(|| row.get(1)), head: row.get(3) }
+                Ok(Membership { conv_id, open_from: open.then(|| row.get(1)), head: row.get(3) })
             })
-            .collect())
+            .collect()
     }
 }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use imcore_actors::ConvId;
 use tokio_postgres::types::Type;
 
+use super::error::decoded;
 use super::{PooledClient, Store, StoreError};
 
 /// What one run did.
@@ -87,7 +88,8 @@ impl Store {
         let started = Instant::now();
         let due: Vec<ConvId> = {
             let c = self.pool.get().await?;
-            c.query_typed(DUE, &[]).await?.iter().filter_map(|r| ConvId::parse(r.get(0)).ok()).collect()
+            let rows = c.query_typed(DUE, &[]).await?;
+            rows.iter().map(|r| decoded(ConvId::parse(r.get(0)), "conv_id")).collect::<Result<_, _>>()?
         };
         let mut report = PurgeReport::default();
         for conv in &due {

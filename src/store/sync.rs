@@ -8,6 +8,7 @@ use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
+use super::error::decoded;
 use super::{Store, StoreError};
 use crate::domain::{Event, EventKind, LeaveReason, Rejection};
 
@@ -138,7 +139,7 @@ impl Store {
                 .await?;
             drop(conn);
             // Newest first, so the budget keeps the events nearest `before_seq`.
-            let (mut events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes);
+            let (mut events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes)?;
             events.reverse();
             page.has_more = cut || rows.len() as i64 > limit;
             page.events = events;
@@ -164,7 +165,7 @@ impl Store {
             )
             .await?;
         drop(conn);
-        let (events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes);
+        let (events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes)?;
         page.has_more = cut || rows.len() as i64 > limit;
         page.events = events;
         page.next_after = match page.events.last() {
@@ -179,17 +180,22 @@ impl Store {
 /// Decodes `rows` in order until their bodies would exceed `max_bytes`; the
 /// first event with a body is always taken, so paging progresses. True when
 /// the budget cut the page short.
-fn within_budget<'a>(conv: &ConvId, rows: impl Iterator<Item = &'a Row>, max_bytes: usize) -> (Vec<Event>, bool) {
+fn within_budget<'a>(
+    conv: &ConvId,
+    rows: impl Iterator<Item = &'a Row>,
+    max_bytes: usize,
+) -> Result<(Vec<Event>, bool), StoreError> {
     let (mut events, mut used) = (vec![], 0usize);
-    for event in rows.filter_map(|r| event_from_row(conv, r)) {
+    for r in rows {
+        let event = event_from_row(conv, r)?;
         let size = body_bytes(&event);
         if used > 0 && used.saturating_add(size) > max_bytes {
-            return (events, true);
+            return Ok((events, true));
         }
         used = used.saturating_add(size);
         events.push(event);
     }
-    (events, false)
+    Ok((events, false))
 }
 
 /// The bytes an event carries beyond its fixed fields.
@@ -201,32 +207,33 @@ fn body_bytes(event: &Event) -> usize {
     }
 }
 
-/// Decodes a row of the event columns selected by the sync queries. Rows are written by this crate and checked
-/// by the schema, so a row that does not decode is skipped (and logged).
-pub(super) fn event_from_row(conv: &ConvId, r: &Row) -> Option<Event> {
-    let user = |i: usize| r.get::<_, Option<&str>>(i).and_then(|s| UserId::parse(s).ok());
+/// Decodes a row of the event columns selected by the sync queries; a row
+/// the schema's constraints make impossible fails the read (ARCHITECTURE §2).
+pub(super) fn event_from_row(conv: &ConvId, r: &Row) -> Result<Event, StoreError> {
+    let user = |i: usize| decoded(UserId::parse(r.get::<_, Option<&str>>(i).unwrap_or_default()), "event user_id");
     let seq: i64 = r.get(0);
     let kind = match r.get::<_, &str>(1) {
         "msg" => EventKind::Msg {
             message_id: r.get(3),
             sender: user(4)?,
-            sender_device: DeviceId::parse(r.get(5)).ok()?,
-            client_msg_id: ClientMsgId::parse(r.get(6)).ok()?,
+            sender_device: decoded(DeviceId::parse(r.get(5)), "event device_id")?,
+            client_msg_id: decoded(ClientMsgId::parse(r.get(6)), "client_msg_id")?,
             body: r.get(7),
             recalled: r.get(13),
         },
         "recall" => EventKind::Recall {
             sender: user(4)?,
-            sender_device: r.get::<_, Option<&str>>(5).and_then(|d| DeviceId::parse(d).ok()),
+            sender_device: decoded(r.get::<_, Option<&str>>(5).map(DeviceId::parse).transpose(), "event device_id")?,
             target_seq: r.get(11),
         },
         "join" => EventKind::Join { subject: user(8)?, actor: user(9)? },
-        "leave" => EventKind::Leave { subject: user(8)?, actor: user(9)?, reason: LeaveReason::parse(r.get(10))? },
+        "leave" => EventKind::Leave {
+            subject: user(8)?,
+            actor: user(9)?,
+            reason: LeaveReason::parse(r.get(10)).ok_or(StoreError::Undecodable("leave reason"))?,
+        },
         "group" => EventKind::Group { actor: user(9)?, change: r.get(12) },
-        other => {
-            tracing::error!(conv_id = %conv, seq, kind = other, "undecodable event row");
-            return None;
-        }
+        _ => return Err(StoreError::Undecodable("event kind")),
     };
-    Some(Event { conv_id: conv.clone(), seq, created_at: r.get(2), kind })
+    Ok(Event { conv_id: conv.clone(), seq, created_at: r.get(2), kind })
 }

@@ -276,7 +276,7 @@ on_path!(
 async fn a_group_cannot_take_a_direct_conversations_id() {
     let env = Env::new(Path::Direct).await;
     env.users(&["u-ana", "u-ben", "u-eve"]).await;
-    let direct_id = imcore::store::direct_conv_id(&uid("u-ana"), &uid("u-ben"));
+    let direct_id = imcore::store::direct_conv_id(&uid("u-ana"), &uid("u-ben")).expect("direct id");
     let squat = env
         .store()
         .create_conversation(&imcore::store::CreateConversation::Group {
@@ -302,6 +302,50 @@ async fn a_group_cannot_take_a_direct_conversations_id() {
         "direct",
         "a group created with a direct conversation's id is refused (BAD_REQUEST); the pair's direct chat is then created as a direct chat",
         json!({"group_with_direct_id": format!("{:?}", squat.map(|c| c.info.conv_id)), "direct_created": direct.created, "direct_kind": direct.info.kind}),
+        pass,
+    );
+    assert!(pass);
+}
+
+/// A row the schema forbids (its CHECK dropped to plant it) fails the read
+/// that meets it (ARCHITECTURE §2): never a page without that event, never a
+/// roster with a made-up role; other conversations read as before.
+#[actix_web::test]
+async fn a_row_the_schema_forbids_fails_the_read_instead_of_being_skipped_or_defaulted() {
+    let env = Env::new(Path::Direct).await;
+    let bad = group(&env, "g-bad-row", &["u-ben"]).await;
+    let fine = env.group("g-fine-row", "u-ana", &["u-ben"]).await;
+    let mut planted = 0;
+    for (i, conv) in [&bad, &fine, &bad].into_iter().enumerate() {
+        let ack = env.send(conv, "u-ana", &format!("m{i}"), text("x")).await.expect("send");
+        planted = ack.seq;
+    }
+    env.db
+        .client()
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE events DROP CONSTRAINT events_client_msg_id_check;
+             UPDATE events SET client_msg_id = 'not an id' WHERE conv_id = '{bad}' AND seq = {planted};
+             ALTER TABLE members DROP CONSTRAINT members_role_check;
+             UPDATE members SET role = 'tyrant' WHERE conv_id = '{bad}' AND user_id = 'u-ben'"
+        ))
+        .await
+        .expect("plant rows the schema forbids");
+    let sync = env.sync(&bad, "u-ben", 0).await;
+    let roster = env.store().members(&bad, &uid("u-ana"), 0, 50, None).await;
+    let other = env.sync(&fine, "u-ben", 0).await;
+    let undecodable = |e: &StoreError| matches!(e, StoreError::Undecodable(_));
+    let pass = sync.as_ref().err().is_some_and(undecodable)
+        && roster.as_ref().err().is_some_and(undecodable)
+        && other.as_ref().is_ok_and(|p| p.events.iter().any(|e| e.seq > 0));
+    record(
+        "im-16",
+        "16-undecodable-row-fails-the-read",
+        "direct",
+        "an event with a malformed client_msg_id and a member with an unknown role: sync and members fail with \
+         StoreError::Undecodable (INTERNAL at the edge); another conversation syncs as before",
+        json!({"sync": format!("{:?}", sync.as_ref().err()), "members": format!("{:?}", roster.as_ref().err()),
+               "other_conversation_ok": other.is_ok()}),
         pass,
     );
     assert!(pass);
