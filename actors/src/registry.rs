@@ -1,45 +1,15 @@
 //! The route registry: which live connection serves each `(user, device)`.
+//! Delivery lanes read it to reach the live devices of the online users a
+//! batch concerns ([`RouteRegistry::routes_of`], ARCHITECTURE §5); a
+//! connection registers once authenticated and unregisters on close.
 //!
-//! Conversation actors fan out through it (ARCHITECTURE §5): for each member,
-//! [`RouteRegistry::routes_of`] gives one route per live device. Gateways keep
-//! it current: a connection [`register`](RouteRegistry::register)s once
-//! authenticated and [`unregister`](RouteRegistry::unregister)s when it closes.
-//!
-//! # Invariant P7
-//!
-//! *The route of a device is its newest connection's; an older connection's
-//! cleanup, however late, never removes it* (PROTOCOL §4: "closing the old
-//! connection never removes the new one's route"). Two rules keep it:
-//!
-//! * "Newer" means a higher [`ConnId`]. Ids come from one process-wide
-//!   counter when the connection is accepted, so a reconnect always carries a
-//!   higher id than the connection it replaces. [`register`] never lets a lower
-//!   id displace a higher one ([`Registered::Stale`]).
-//! * [`unregister`] is compare-and-remove on the `conn_id`: it removes a route
-//!   only if that route is still the caller's own.
-//!
-//! # Layout and locking
-//!
-//! One map, `UserId → { DeviceId → Route }`. Every operation on one user —
-//! replacing a device's route, removing it, dropping the user's entry once it
-//! has no devices left — runs under that user's shard write lock, so it is
-//! atomic. Two separate maps (`(user, device) → route` and `user → devices`)
-//! would be updated one after the other, and a register racing the last
-//! unregister of a user could leave a route its user set no longer lists, or
-//! an empty user entry behind.
-//!
-//! The registry is synchronous and never hands out dashmap guards: readers get
-//! clones. No lock is held across an `.await` (there are none here) or while
-//! the caller talks to a recipient. The only recipient code that runs under a
-//! shard lock is `R::clone` (in [`routes_of`] and [`route`]); it must be cheap
-//! and must not call back into the registry (an actix `Recipient` clone is an
-//! `Arc` clone). Routes the registry lets go of — replaced, removed, refused —
-//! are returned to the caller or dropped only after the lock is released.
-//!
-//! [`register`]: RouteRegistry::register
-//! [`unregister`]: RouteRegistry::unregister
-//! [`routes_of`]: RouteRegistry::routes_of
-//! [`route`]: RouteRegistry::route
+//! Invariant P7: a device's route is its newest connection's (the higher
+//! [`ConnId`]; [`RouteRegistry::register`] never lets a lower id displace it),
+//! and an older connection's cleanup, however late, never removes it
+//! ([`RouteRegistry::unregister`] is compare-and-remove on the `conn_id`).
+//! One map, user → device → route, each operation under its user's shard
+//! lock; no guard leaves the registry, and only `R::clone` runs under a lock
+//! (keep it cheap). Why: ARCHITECTURE §5.
 
 use std::collections::hash_map::{self, HashMap};
 use std::fmt;

@@ -1,31 +1,14 @@
 //! The commit stage: conversation actors hand their batches here, and each
 //! worker merges the batches waiting at the moment into one transaction
-//! (`Store::write_merged`: rows locked in `conv_id` order, one INSERT for
-//! all). Many quiet conversations then share one commit instead of paying one
-//! each, while each conversation keeps its order (its actor has at most one
-//! batch in flight) and its row lock stays the guard.
+//! (`Store::write_merged`), so many quiet conversations share one commit.
 //!
-//! Isolation: one conversation never delays or fails another's callers.
-//! * A batch whose row another transaction holds is left out of the merged
-//!   transaction (`SKIP LOCKED`) and committed alone, in a transaction that
-//!   waits for the lock (at most `lock_timeout`, then its callers get the
-//!   failure). It is still its conversation's one batch in flight, so order
-//!   holds.
-//! * When a merged transaction of several batches fails before COMMIT was
-//!   sent, nothing of it took effect, and the cause may be one batch's (a
-//!   constraint, a data error): each batch is committed alone, so only the
-//!   culprit's callers see the failure. Not when the database is unavailable
-//!   (every batch would fail again, later), and never after a failed COMMIT,
-//!   whose fate is unknown: those callers get the failure (their retries are
-//!   safe, P2).
-//! * Batches committed alone run in tasks of their own, at most `workers` at
-//!   once: a wait for a lock never holds up a worker, and waiting batches
-//!   never take more pooled connections than the workers do.
-//! * A worker that panics is replaced; the callers of the round it was
-//!   committing get `INTERNAL` (their replies are dropped).
-//!
-//! The channel needs no bound of its own: it holds at most one batch per live
-//! conversation actor, and those queues are bounded.
+//! Invariant: one conversation never delays or fails another's callers. A
+//! batch whose row is held elsewhere, or whose merged transaction failed
+//! before COMMIT, is committed alone (in a task of its own, at most `workers`
+//! at once); a worker that panics is replaced. Each conversation keeps its
+//! order (one batch in flight per actor) and its row lock stays the guard.
+//! Why, and what is never retried: ARCHITECTURE §3. The channel needs no
+//! bound of its own: it holds at most one batch per (bounded) live actor.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! server's engine on a real PostgreSQL: a conversation whose row another
 //! session holds, a batch that fails its merged transaction, and a worker
 //! that panics each reach only their own conversation's callers.
-//! Each check writes its record to evidence/im-09.
+//! Each check writes its record to evidence/im-10.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};

@@ -74,9 +74,9 @@ async fn merged_on(conn: &PooledClient, mut jobs: Vec<BatchJob>, phase: &mut Pha
     phase.end("pool");
     let conn = Conn { client: conn, prepared };
     // One round trip for a round of one batch (a hot conversation's), when
-    // its cache decides it. Not for rounds of several: measured, a
-    // 1,000-conversation load did 12,000-15,000 msgs/s that way against
-    // 17,000-19,000 on the merged full path (README, write path).
+    // its cache decides it. Not for rounds of several: one guarded statement
+    // for a whole round measured slower than the merged full path
+    // (ARCHITECTURE §3; the figures are in benches/README.md).
     if let [job] = &mut jobs[..] {
         if let Some(plan) = one_trip::plan(job) {
             match in_one_trip(conn, job, plan, LockMode::SkipLocked, phase).await {

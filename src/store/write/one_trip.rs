@@ -1,38 +1,14 @@
 //! Batches in one round trip, when their conversations' caches already know
-//! the outcome: BEGIN, one guarded statement and COMMIT, sent together: a
-//! batch in a transaction of its own, or a commit-stage round of one batch
-//! (a hot conversation's). Rounds of several take the merged full path: one
-//! guarded statement for a whole round measured slower (README, latency).
+//! the outcome: BEGIN, one guarded statement and COMMIT, sent together (a
+//! batch in a transaction of its own, or a commit-stage round of one batch).
+//! Rounds of several take the merged full path: one guarded statement for a
+//! whole round measured slower (benches/README.md, latency).
 //!
-//! A conversation's actor is normally its only writer, so the row as its last
-//! batch left it (kept in the cache) is the row it will lock next. A batch of
-//! sends is checked against that remembered row in Rust, with the rules of
-//! the full path (`send`), at the local time, each sender as the roster knows
-//! it or, unknown to it, taken to be a plain member.
-//! If every send would append, the statement appends them — but only if, once
-//! it holds the row lock, the row still is what the checks read and no
-//! request key of the batch is taken (or purged):
-//!
-//! * `next_seq`, `member_version` (which every membership, role and mute
-//!   change moves, so the roster is current), status, `mute_all`,
-//!   `join_mode` and `delivery_mode` are those remembered;
-//! * the transaction's time lies on the same side as the local time of every
-//!   `mute_until` and `role_until` the checks compared it with, so each
-//!   check answers the same at either time;
-//! * no tombstone holds a request key of the batch, and no event: the INSERT
-//!   itself finds one in the unique index `events_request_key`, which fails
-//!   the statement (probing every key first, as this once did, cost a third
-//!   of a hot group's throughput: ARCHITECTURE §3);
-//! * each sender taken to be a plain member is one (no mute, no extra bits).
-//!
-//! Otherwise it writes nothing for that batch (the transaction commits empty
-//! or, on a taken key, rolls back), which runs the full path (lock and reads,
-//! then append) on the same connection.
-//! Either way every check holds under the lock (ARCHITECTURE §3): the guard
-//! is evaluated on the locked row — a row updated while the lock was awaited
-//! is read again at its newest version, and an append by anyone else moves
-//! its `next_seq`, so a lookup under the statement's snapshot misses nothing
-//! committed since.
+//! Invariant: every check holds under the row lock. The statement appends only
+//! if the locked row, the request keys, the assumed standings and the time
+//! bounds are what the checks in Rust read; otherwise it writes nothing and
+//! the batch takes the full path on the same connection. The guard, and why
+//! it is exact under the statement's snapshot: ARCHITECTURE §3.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
