@@ -1,19 +1,14 @@
 //! Embedded PostgreSQL: when no `DATABASE_URL` is given, imcore runs a private
-//! PostgreSQL server from the installed binaries in a data directory of its own.
+//! PostgreSQL server from the installed binaries in a data directory of its
+//! own: the cluster in `<data_dir>/pg`, its password in `<data_dir>/pg-password`
+//! (password auth on 127.0.0.1 only; no Unix socket).
 //!
-//! * The cluster lives in `<data_dir>/pg`, its password in `<data_dir>/pg-password`
-//!   (password auth on 127.0.0.1 only; no Unix socket). Data survives restarts.
-//! * PostgreSQL refuses to run as root: when we are root, the server runs as the
-//!   `postgres` user (or `nobody`), which owns the cluster directory and must be
-//!   able to search every directory down to it. A data directory private to
-//!   root (`mktemp -d`: 0700) gets one POSIX ACL entry letting that user, and no
-//!   one else, search it; a blocking directory above the data directory is not
-//!   ours to change, so start-up stops with one line naming it.
-//! * The server is our child in its own process group (a terminal's Ctrl-C reaches
-//!   us, and we shut down in order), and it gets SIGINT (fast shutdown) if we die
-//!   without stopping it (`PR_SET_PDEATHSIG`, set from a keeper thread that lives
-//!   as long as the server).
-//! * Durability settings stay at PostgreSQL's defaults (`fsync`, `synchronous_commit` on).
+//! Invariants: data survives restarts and durability stays at PostgreSQL's
+//! defaults; as root the server runs as `postgres` (or `nobody`), and a data
+//! directory private to root gets one ACL entry letting that user search it,
+//! nothing more; the server never outlives us (its own process group, and
+//! SIGINT through `PR_SET_PDEATHSIG` if we die without stopping it). Why:
+//! ARCHITECTURE §6.
 
 use std::fs;
 use std::io::Write;

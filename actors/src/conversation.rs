@@ -1,50 +1,15 @@
 //! One actor per hot conversation: it serialises that conversation's writes
-//! and commits them in batches (group commit, ARCHITECTURE §3).
+//! with its own queue and exactly one batch in flight (group commit without
+//! timers; why not async handlers: ARCHITECTURE §3). A [`Submit`] only
+//! queues; a batch takes everything queued (up to [`ActorConfig::max_batch`]):
+//! commit → reply to every caller, in op order → [`Fanout::deliver`] → next.
 //!
-//! # Why an internal queue and not async handlers
-//! actix does not serialise async handlers by itself: a `ResponseActFuture`
-//! lets the next message start while the previous transaction is still
-//! running, and `AtomicResponse` serialises but blocks the mailbox, so no
-//! batch could ever form. The actor therefore keeps its own queue and **exactly
-//! one batch in flight**: a [`Submit`] handler only queues; a batch starts when
-//! none is in flight and takes everything queued (up to
-//! [`ActorConfig::max_batch`]); the next batch is started from the completion
-//! of the previous one. No timers: under load, batch size follows transaction
-//! latency by itself.
-//!
-//! # Order of effects per batch
-//! commit → reply to every caller, in op order → [`Fanout::deliver`] → next batch.
-//!
-//! # Correctness
-//! The actor is an accelerator, not the guard: gapless seqs and one event per
-//! request key rest on the store's row-locked transaction. Two actors for one
-//! conversation (two nodes, or an old actor finishing its last ops while its
-//! successor starts) must still produce a correct log; additionally a
-//! successor holds its first batch until its predecessor has exited (see
-//! `lifecycle`), so one submitter's ops keep their order across an
-//! eviction (P6).
-//!
-//! # Staying warm, retiring early, eviction at the cap
-//! An actor is kept after its queue empties so the next op finds the
-//! conversation's state cached; it stops once idle for `idle_timeout`. Two
-//! exceptions bound how many actors a caller can make the hub keep:
-//! * an actor whose committed batches have appended nothing retires as soon
-//!   as it is idle. That is the actor for a conversation that does not exist,
-//!   or whose callers are not members (every op refused), or that only
-//!   replayed: nothing worth caching, and a flood of sends to random
-//!   `conv_id`s leaves no actor behind. It costs no extra database round
-//!   trip: the batch's own transaction decides, and a successor for the same
-//!   conversation waits for its exit like any successor (P6);
-//! * an idle actor lists itself in the hub's idle index (`idle`), so that at
-//!   the cap on live actors the hub asks the idlest to retire ([`Evict`]). It
-//!   retires only if no op has arrived since it was listed; either way it
-//!   goes through the same close/wait/leave handshake as an idle timeout.
-//!
-//! # Errors
-//! A failed batch fails each of its callers with [`WriteError::Internal`],
-//! which keeps the store's error (or the panic) as its source. The caller's
-//! edge logs it once, with the whole chain; this layer only logs at `debug`,
-//! except when the store breaks its contract.
+//! Invariant: an accelerator, not the guard (the store's row lock keeps P1,
+//! P2); one submitter's ops keep their order, across an eviction too (P6,
+//! `lifecycle`). Staying warm, retiring early, eviction at the cap:
+//! ARCHITECTURE §3. A failed batch fails each caller with
+//! [`WriteError::Internal`] (the source kept); the caller's edge logs it once,
+//! this layer only at `debug` unless the store breaks its contract.
 
 use std::collections::VecDeque;
 use std::error::Error;

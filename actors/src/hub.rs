@@ -1,17 +1,13 @@
 //! `conv_id → conversation actor`, created on demand, spread over a few
-//! arbiters. The table, the eviction handshake and compare-and-remove on exit
-//! live in `lifecycle`; the hub routes ops through it, starts the
-//! actors, and drives shutdown.
+//! arbiters; the table, the eviction handshake and compare-and-remove on exit
+//! live in `lifecycle`. The hub routes ops through it, starts the actors, and
+//! drives shutdown.
 //!
-//! # The cap on live actors
-//! An op for a conversation without a live actor starts one, unless the table
-//! already holds [`HubConfig::max_actors`] entries. Then the hub takes the
-//! idlest actor from the idle index (`idle`) and asks it to retire
-//! ([`Evict`]), and starts the new actor without waiting for that: the cap is
-//! soft by the retirements under way. With no idle actor the op is refused
-//! with [`WriteError::Overloaded`], like a full queue. Nothing here scans the
-//! table: the idle index keeps actors in the order they became idle, and each
-//! actor lists and unlists itself.
+//! Invariant: at most [`HubConfig::max_actors`] live actors, soft by the
+//! retirements under way: at the cap an op for a new conversation asks the
+//! idlest idle actor to retire (`Evict`) and starts its own; with none idle it
+//! is refused with [`WriteError::Overloaded`]. Nothing scans the table: the
+//! idle index (`idle`) keeps actors in the order they went idle (ARCHITECTURE §3).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -41,8 +37,8 @@ pub struct HubConfig {
     pub arbiters: usize,
     /// Live actors (table entries, retiring ones included) past which a new
     /// actor starts only by evicting the idlest idle one; with none idle, the
-    /// op gets [`WriteError::Overloaded`]. An actor with an empty member
-    /// cache costs about 2 KB. Default 100,000.
+    /// op gets [`WriteError::Overloaded`]. What an actor costs: ARCHITECTURE
+    /// §3, "Backpressure". Default 100,000.
     pub max_actors: usize,
     pub actor: ActorConfig,
 }

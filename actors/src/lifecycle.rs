@@ -3,33 +3,13 @@
 //! on exit. The hub keeps the table ([`Slots`]); each actor holds the
 //! [`Lease`] its entry was created with and never sees the hub.
 //!
-//! # Eviction handshake (why [`Gate`] exists)
-//! A caller reads an actor's address from the table and then pushes into its
-//! mailbox; an idle actor may decide to stop in between. actix would accept
-//! the push into a mailbox whose actor is about to stop and drop it unhandled,
-//! and the op would be lost (its caller could only be told `INTERNAL`). So
-//! each entry carries a [`Gate`]:
-//! 1. a caller registers inside it ([`Slot::enter`]) before checking that it
-//!    is open and pushing;
-//! 2. a retiring actor closes it ([`Lease::close`]) and waits until nobody is
-//!    inside ([`Lease::senders_inside`]); from then on every op that will ever
-//!    reach it is already in its mailbox, and it handles them all;
-//! 3. once stopped, it removes its entry only if the entry is still its own
-//!    ([`Lease::leave`]), so an old actor's exit never removes its successor;
-//! 4. its lease is dropped with it, which resolves its [`Exit`].
-//!
-//! A caller that finds the gate closed (or the mailbox closed, e.g. after a
-//! crash) gets a fresh entry from [`Slots::live_or_start`] and retries. The
-//! fresh actor's lease carries its predecessor's [`Exit`], and the actor holds
-//! its first batch until it resolves, so one submitter's ops stay in issue
-//! order (P6) across an eviction.
-//!
-//! # Locking
-//! Never hold a dashmap guard across `.await` or while sending to an actor:
-//! guards live only inside [`Slots`]' methods, which neither await nor send.
-//! The `start` callback of [`Slots::live_or_start`] runs under the entry's
-//! guard, so it must only hand the actor to its thread (queueing a closure on
-//! an arbiter's unbounded channel is fine).
+//! Invariant: no op is lost to a retiring actor, none overtakes another (P6).
+//! A caller enters the entry's [`Gate`] before pushing; a retiring actor closes
+//! it and waits until nobody is inside, removes its entry only if still its
+//! own ([`Lease::leave`]), and its successor holds its first batch until the
+//! predecessor's [`Exit`] resolves. Why: ARCHITECTURE §3. Guards live only in
+//! [`Slots`]' methods, which neither await nor send; the `start` callback of
+//! [`Slots::live_or_start`] runs under one, so it only hands the actor off.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Weak};

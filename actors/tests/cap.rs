@@ -1,4 +1,4 @@
-//! How many actors a hub keeps (issue "Hardening", item 2), against the
+//! How many actors a hub keeps (ARCHITECTURE §3, idle eviction), against the
 //! in-memory store: an actor whose batches appended nothing retires at once,
 //! and at the cap on live actors a new one evicts the idlest idle actor, or is
 //! refused `Overloaded` when none is idle.

@@ -1,25 +1,14 @@
-//! Delivery after commit (ARCHITECTURE §5). A conversation's actor hands each
-//! committed batch here once; the frames are encoded once and shared by every
-//! receiving connection. Nothing here blocks or awaits on a connection: each
-//! connection has a bounded mailbox, and one that overflows is told to close
-//! (the client reconnects and syncs), so a slow device never slows the
-//! conversation or the other devices. Every push frame queued for a
-//! connection also holds its bytes of the global memory budget until the
-//! session writes it (or drops it); a push that does not fit is treated like
-//! an overflow.
-//!
-//! Who receives a batch is decided from what each lane keeps about its
-//! online users' memberships, never from a conversation's member list.
-//!
-//! * `conn` — a connection: its pushes, its close on overflow.
-//! * `presence` — a lane's online users and their memberships (pure).
-//! * `lane` — a lane's thread: batches and subscriptions in, pushes out.
-//! * `order` — with several nodes, one conversation's batches back in seq
-//!   order before the lanes.
-//!
-//! With several nodes ([`Peers`], ARCHITECTURE §7), a batch committed here
-//! also goes to the other nodes, and theirs come in through
+//! Delivery after commit (ARCHITECTURE §5): a conversation's actor hands each
+//! committed batch here once; frames are encoded once and shared by every
+//! receiving connection. With several nodes ([`Peers`], ARCHITECTURE §7) a
+//! batch committed here also goes to the others, and theirs come in through
 //! [`Delivery::from_peer`] to the same lanes.
+//!
+//! Invariant: nothing here blocks or awaits on a connection (bounded mailbox;
+//! an overflow or a push over the memory budget closes it, the client syncs).
+//! Recipients come from what each lane keeps of its online users, never from
+//! a member list. `conn`: a connection's pushes and close; `presence`: a
+//! lane's online users (pure); `lane`: a lane's thread; `order`: seq order.
 
 mod conn;
 mod lane;

@@ -1,20 +1,12 @@
 //! Puts one conversation's batches back in seq order on a node of a cluster
-//! (ARCHITECTURE §7). Without a home node per conversation, two nodes may
-//! write one conversation in turn (the row lock orders their commits), and a
-//! node gets its batches from two places — its own actor, and the bus for the
-//! other node's — so batch `5..=6` may arrive before `3..=4`. The lanes need
-//! them in order (a gap makes the users tracking it resync), so a batch ahead
-//! of the next seq this node expects waits, at most [`REORDER_WAIT`], for the
-//! batches before it.
+//! (ARCHITECTURE §7): a node gets batches from its own actor and from the bus,
+//! so `5..=6` may arrive before `3..=4`, and the lanes need them in order.
 //!
-//! * In order: the batch, and every waiting batch it unblocks, go on.
-//! * Past the wait: the waiting batches go on anyway; the lanes' gap rule
-//!   resyncs the users whose knowledge they do not follow.
-//! * A batch behind what already went on (it came after its wait ran out) is
-//!   handed on as a `Missed` notice instead: the users it concerns resync
-//!   rather than get its events out of order.
-//!
-//! A single node never uses this: its batches come from its actors in order.
+//! Invariant: the lanes get a conversation's batches in seq order, or a gap
+//! they resync on. A batch ahead of the next expected seq waits, at most
+//! [`REORDER_WAIT`], for those before it; past the wait the waiting batches go
+//! on anyway (the lanes' gap rule resyncs); a batch behind what already went
+//! on is handed on as a `Missed` notice instead. A single node never uses it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,35 +1,14 @@
-//! The WebSocket session (PROTOCOL §4): one actor per connection. The only
-//! module that uses `actix-web-actors` (deprecated upstream; replacing it
-//! means rewriting this file alone).
+//! The WebSocket session (PROTOCOL §4): one actor per connection, and the
+//! only module that uses `actix-web-actors` (deprecated upstream; replacing
+//! it means rewriting this file alone).
 //!
-//! * Frames are handled in arrival order; each request runs on a task of its
-//!   own and comes back as an [`Answered`] message, so replies may come in any
-//!   order (`id` pairs them). A `send` is queued on the writer while its frame
-//!   is handled, so one connection's sends to one conversation keep their order.
-//! * In flight: at most `ws.max_inflight` requests per connection, `OVERLOADED`
-//!   beyond. A request's database work never waits on this actor being polled
-//!   (which stops while the client does not read, see "Outbound"): its pooled
-//!   connection is back as soon as the query is done, and the finished answer
-//!   waits in the mailbox, so a stalled client holds at most `ws.max_inflight`
-//!   answers (each bounded: `sync` pages by `sync_max_bytes`) and no connection.
-//! * Of those, at most `ws.max_concurrent` do database work at once; the
-//!   others wait their turn on the connection's own queue, so one connection
-//!   never holds more than a few pooled connections or a long run of the
-//!   worker thread, and other clients keep finding both.
-//! * Routing (P7): the connection id is allocated at accept, the route is
-//!   registered when the actor starts (a replaced connection is kicked, a stale
-//!   registration closes this one; the other nodes of a cluster are told, and
-//!   kick an older connection of the device) and removed by compare-and-remove
-//!   when it stops.
-//! * Outbound: pushes arrive as [`Push`] in the actor's mailbox, bounded at
-//!   `ws.mailbox` (`IMCORE_WS_MAILBOX`); `Conn::send` uses `try_send`, and an overflow closes
-//!   the connection with 1013 (the client reconnects and syncs). Between the
-//!   mailbox and the socket, actix-http stops polling this actor while its write
-//!   buffer is over its size limit, so a client that does not read backs the
-//!   pushes up into the bounded mailbox, not into memory. Each queued push
-//!   also holds its bytes of the global memory budget until written; a push
-//!   that does not fit closes the connection the same way.
-//! * Heartbeat: a ping every `ws_ping_ms`; silence for `ws_timeout_ms` closes.
+//! Invariants: frames are handled in arrival order and a `send` is queued on
+//! the writer while its frame is handled (P6); the route is registered when
+//! the actor starts and removed by compare-and-remove when it stops (P7).
+//! Bounded per connection: requests in flight (`ws.max_inflight`) and doing
+//! database work (`ws.max_concurrent`), pushes in the mailbox (`ws.mailbox`;
+//! overflow closes with 1013) and in the memory budget; a ping every
+//! `ws_ping_ms`, silence for `ws_timeout_ms` closes. Why: ARCHITECTURE §5.
 
 use std::cell::Cell;
 use std::pin::Pin;

@@ -2,18 +2,11 @@
 //! a device back after a while pays for the conversations that changed, not
 //! for all of them.
 //!
-//! A change is stamped with the start time of the transaction that made it
-//! (`now()`): `conversations.last_event_at` for every new event (membership
-//! and profile changes append events too), `read_cursors.changed_at` for a
-//! read cursor, `membership_periods.closed_at` for a period that ended.
-//!
-//! The token is the start of the oldest transaction running when it was
-//! taken (`pg_stat_activity`), in ms rounded down, read before the snapshot
-//! of the data it goes with. A transaction that had not committed by that
-//! snapshot was running when the token was taken, or started later: either
-//! way its stamps are at or after the token, and the next delta, which asks
-//! for stamps at or after it, includes it. So nothing is missed; a change
-//! may be reported twice, which costs a client nothing.
+//! Invariant: a delta misses no change made at or after its token (a change
+//! may be reported twice). Changes are stamped with their transaction's start
+//! time; the token is the start of the oldest transaction running when it was
+//! taken (`pg_stat_activity`), read before the snapshot it goes with. Why that
+//! suffices, and why not the clock: ARCHITECTURE §4.
 
 use std::sync::LazyLock;
 

@@ -3,8 +3,8 @@
 //! connects: the pool also serves the migrations that create the tables).
 //!
 //! A statement sent unprepared (`query_typed`) is parsed and planned by the
-//! server every time; for the write transaction's four statements that was
-//! about 0.8 ms of server time per transaction, more than one round trip.
+//! server every time; for the write transaction's statements that cost more
+//! than a round trip (ARCHITECTURE §3, "Measured").
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,17 +1,13 @@
 //! Retention (P9, PROTOCOL §6): events older than their conversation's
-//! `retention_ms` are purged, and each purged send leaves a tombstone of its
-//! request key, so a late retry is answered (`IDEMPOTENCY_KEY_EXPIRED`) and
-//! never appended again.
+//! `retention_ms` are purged a chunk at a time, each chunk its own short
+//! transaction under the conversation's row lock, and each purged send leaves
+//! a tombstone of its request key (a late retry is `IDEMPOTENCY_KEY_EXPIRED`).
 //!
-//! A purge goes a chunk at a time, each chunk its own short transaction under
-//! the conversation's row lock: a busy conversation keeps writing between
-//! chunks and waits at most one chunk. A chunk deletes a prefix of the log
-//! (from `min_seq`, up to the first event still inside the retention),
-//! writes the tombstones of its sends and moves `min_seq` past it, all or
-//! nothing: the log stays gapless from `min_seq` (P1), and a purge killed
-//! midway, or one racing another on a second node, leaves the next chunk to
-//! whoever takes the lock next — no double work, no lost tombstone.
-//! Membership periods are never purged: they are the truth of visibility.
+//! Invariant: the log stays gapless from `min_seq` (P1) and no tombstone is
+//! lost: a chunk deletes a prefix, writes its tombstones and moves `min_seq`
+//! all or nothing, so a purge killed midway or racing another node leaves the
+//! next chunk to whoever takes the lock next. Membership periods are never
+//! purged. Why: ARCHITECTURE §3 "Retention".
 
 use std::time::{Duration, Instant};
 

@@ -1,16 +1,12 @@
 //! The `direct` write path: one op, one transaction, no actor — the
 //! baseline design, kept for the benchmarks to compare against.
 //!
-//! Concurrent transactions of one conversation commit in seq order (the row
-//! lock), but their callers come back in any order; delivery takes a
-//! conversation's batches in seq order only, and a batch that skips one
-//! makes the lanes resync the users it concerns (ARCHITECTURE §5). So a
+//! Invariant: delivery gets this node's batches of a conversation in seq
+//! order. Callers of concurrent transactions come back in any order, so a
 //! committed batch waits, up to [`HAND_OVER_WAIT`], until its predecessors
-//! were handed over; past that (a caller that went away between its commit
-//! and its hand-over) it goes anyway. On a node of a cluster the other nodes
-//! commit seqs of the same conversation that never come through here, so a
-//! batch goes at once: delivery's reorder stage orders this node's batches
-//! and the others' together (ARCHITECTURE §7).
+//! were handed over, and past that goes anyway (the lanes resync on the gap,
+//! ARCHITECTURE §5). On a node of a cluster a batch goes at once: delivery's
+//! reorder stage orders this node's batches and the others' (ARCHITECTURE §7).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! A flood of sends to conversations that do not exist (issue "Hardening",
-//! item 2): one caller sends to 20,000 random, nonexistent `conv_id`s, every
+//! A flood of sends to conversations that do not exist (ARCHITECTURE §3,
+//! idle eviction): one caller sends to 20,000 random, nonexistent `conv_id`s, every
 //! send is answered `NOT_MEMBER`, and shortly after no conversation actor is
 //! left alive and the process's resident memory has not grown.
 //!

@@ -1,4 +1,4 @@
-//! The gateway under faults (PROTOCOL §4, the gateway issue): a client that
+//! The gateway under faults (PROTOCOL §4): a client that
 //! stops reading, a frame header announcing too much, and the server binary
 //! killed with SIGKILL under load and restarted. Records go to evidence/im-05.
 

@@ -1,4 +1,4 @@
-//! Limits across connections (the hardening issue): the global memory budget
+//! Limits across connections (src/OPERATIONS.md): the global memory budget
 //! for queued bodies and pushes, the per-user creation rate, a new group's
 //! events pushed in order with the first sends, the inbox's bounded unread
 //! scan, and refused tokens remembered without a database lookup.

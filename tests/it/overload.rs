@@ -1,5 +1,5 @@
-//! One connection must not take the database from everyone else (the
-//! hardening issue): requests in flight per connection are capped, only a
+//! One connection must not take the database from everyone else
+//! (ARCHITECTURE §5): requests in flight per connection are capped, only a
 //! few of them do database work at once, a request's database work never
 //! waits on its client's socket, `sync` replies
 //! are bounded in bytes, and the pool gauges tell the truth afterwards.
@@ -148,8 +148,8 @@ async fn a_client_that_never_reads_its_sync_replies_does_not_starve_the_pool() {
     // is recorded at the first and the last).
     const SAMPLES: usize = 200;
     // One turn at a time for the attacker: in this debug build a 1 MB sync
-    // page costs the one worker thread ~20 ms to build and ~30 ms to encode,
-    // so two at once already put single requests of others near 100 ms.
+    // page costs the one worker thread tens of ms to build and encode, so two
+    // at once already put single requests of others near the 100 ms bound.
     const CONCURRENT: usize = 1;
     let _cpu = crate::harness::alone_with_the_cpu().await;
     let s = TestServer::with(|c| {

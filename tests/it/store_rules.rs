@@ -1,5 +1,6 @@
-//! Further persistence rules of the store (issue: faults, P3 in the database,
-//! epochs, truncation, refusals that change nothing).
+//! Further persistence rules of the store (ARCHITECTURE §2, §3): faults, P3
+//! in the database, epochs, truncation, refusals that change nothing, rows
+//! the schema forbids.
 
 use imcore::domain::{Body, BodyError, Rejection};
 use imcore::store::{StoreError, SyncRequest};

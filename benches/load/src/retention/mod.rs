@@ -1,6 +1,5 @@
 //! `imcore-load retention`: what retention (P9) costs, in process against a
 //! real PostgreSQL with durability on, in one run:
-//!
 //! 1. purge rate: a conversation of a million old sends purged chunk by
 //!    chunk (events/s, tombstones/s, per-chunk transaction time);
 //! 2. a hot group while a purge runs — of another conversation, and of its

@@ -1,28 +1,15 @@
-//! `imcore-load ws`: end-to-end benchmarks over WebSocket (issue 5).
+//! `imcore-load ws`: end-to-end benchmarks over WebSocket against the
+//! `imcore` binary, a child process per server run on a fresh database
+//! (PostgreSQL embedded in `--data-dir`, or `--database-url`); users and
+//! tokens from the admin API, load from 127.0.0.x source addresses only, every
+//! run bounded in messages and time, each server stopped with SIGTERM.
 //!
-//! Starts PostgreSQL (embedded in `--data-dir`, or the server of
-//! `--database-url`), then for every server run a fresh database and the
-//! `imcore` binary as a child process on a free loopback port
-//! (`IMCORE_WRITE_PATH`, `IMCORE_LISTEN`, `DATABASE_URL`, `IMCORE_ADMIN_TOKEN`).
-//! Users, devices and tokens come from the admin API, groups from
-//! `create_conversation`; load goes over WebSocket from 127.0.0.x source
-//! addresses only. Every run is bounded in messages and time; each server is
-//! stopped with SIGTERM afterwards.
-//!
-//! Scenarios (`--scenarios`): `hot` (§1 hot group, `actor` then `direct`, plus
-//! §4 latency at half the measured maximum), `fanout` (§2), `connections` (§3),
-//! and, only when named, `groups` (large groups: invite, send, members, RSS),
-//! `latency` (the floor: one send in flight per sender, C =
-//! `--latency-senders`, every sender a member getting the others' pushes)
-//! `cluster` (one node against `--nodes` of them, see `cluster.rs`) and
-//! `storm` (a node with many devices killed, see `storm.rs`).
-//! Results: `<out-dir>/ws-hot-group.json`, `fanout.json`, `connections.json`,
-//! `groups.json`, `ws-latency.json`, `cluster.json`, `storm.json`.
-//!
-//! With `--nodes N` (N > 1) every server run of `hot`, `fanout` and `latency`
-//! is N `imcore` nodes on the run's database, joined by a `nats-server` of the
-//! run's own; connections spread over them round robin (see `nodes.rs`).
-//! A run that did not verify makes the command fail (see `verdict`).
+//! Scenarios (`--scenarios`): `hot`, `fanout` and `connections` by default;
+//! `groups`, `latency`, `cluster` and `storm` when named. With `--nodes N` a
+//! server run is N nodes on one database joined by a `nats-server` of the
+//! run's own (`nodes.rs`). What each measures, and its results:
+//! benches/README.md. A run that did not verify makes the command fail
+//! (`verdict`).
 
 mod cluster;
 mod conns;

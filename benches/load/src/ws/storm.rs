@@ -1,17 +1,14 @@
 //! The reconnect storm (ARCHITECTURE §7): `--storm-devices` devices, whose
-//! users share `--storm-groups` groups, online on the last of `--nodes`
-//! nodes, which is killed (SIGKILL) while a sender keeps writing through the
-//! first (to groups of its own, homed on every node, the victim included).
-//! After the devices took their tokens, `CHANGED` of their groups get a
-//! message. Once the node is killed every device does what a client of
-//! PROTOCOL §4 and §7 does:
-//! reconnects to a surviving node after a random delay (full jitter, doubling
-//! from `FIRST_RETRY` up to `MAX_RETRY`) and asks `conversations` with the
-//! `since` token it kept. Reports the time until every device is back and
-//! synced, what PostgreSQL and the survivors spent meanwhile, and verifies
-//! that every device came back with a delta (not a reset) and that every
-//! send acked before, during and after the kill is in the log exactly once.
-//! Writes `storm.json`.
+//! users share `--storm-groups` groups, online on the last of `--nodes` nodes,
+//! which is killed (SIGKILL) while a sender keeps writing through the first
+//! (to groups of its own, homed on every node). After the devices took their
+//! tokens, `CHANGED` of their groups get a message; once the node is killed
+//! every device reconnects to a survivor like a client of PROTOCOL §4 and §7
+//! (full jitter, doubling from `FIRST_RETRY` up to `MAX_RETRY`) and asks
+//! `conversations` with its `since` token. Reports the time until all are back
+//! and synced and what PostgreSQL and the survivors spent; verifies that every
+//! device got a delta (not a reset) and every acked send is in the log exactly
+//! once. Writes `storm.json`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
