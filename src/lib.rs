@@ -3,7 +3,9 @@
 //! The design — data model, invariants P1–P9 and where each is enforced, the
 //! write, read and delivery paths — is [`architecture`] (`src/ARCHITECTURE.md`);
 //! the wire contract is [`protocol`] (`src/protocol/PROTOCOL.md`). The code
-//! cites them as `ARCHITECTURE §N` and `PROTOCOL §N`.
+//! cites them as `ARCHITECTURE §N` and `PROTOCOL §N`. Beside them:
+//! [`operations`] (`src/OPERATIONS.md`: several nodes, limits, admin) and
+//! [`storage_plan`] (`src/STORAGE_PLAN.md`: past one PostgreSQL, on paper).
 //!
 //! # Layout
 //! * [`domain`] — rules independent of transport and storage: bodies and their

@@ -8,8 +8,8 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row};
 
-use super::write::{apply_ops, JoinOp, WriteOp};
 use super::error::decoded;
+use super::write::{apply_ops, JoinOp, WriteOp};
 use super::{Store, StoreError};
 use crate::domain::{DeliveryMode, Event, JoinMode, Rejection, Role};
 

@@ -269,7 +269,12 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     // An alias opening with a right-to-left override (U+202E) must not turn
     // the id shown beside it around: "(cai)" still reads left to right.
     let (status, _) = s
-        .http("PATCH", &format!("/v1/conversations/{conv}/members/cai"), Some(&cai), Some(&json!({"alias": "\u{202E}evil"})))
+        .http(
+            "PATCH",
+            &format!("/v1/conversations/{conv}/members/cai"),
+            Some(&cai),
+            Some(&json!({"alias": "\u{202E}evil"})),
+        )
         .await;
     assert_eq!(status, 200, "cai's alias");
     let cai_who = "document.querySelector('#members li[data-user=cai] .who')";
