@@ -9,12 +9,11 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
 use super::{Store, StoreError};
+use crate::config::SYNC_DEFAULT_MAX_BYTES;
 use crate::domain::{Event, EventKind, LeaveReason, Rejection};
 
 pub const SYNC_DEFAULT_LIMIT: i64 = 100;
 pub const SYNC_MAX_LIMIT: i64 = 1000;
-/// Bytes of event bodies in one page, unless configured otherwise.
-pub const SYNC_DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct SyncRequest {
