@@ -99,7 +99,13 @@ impl Store {
         if let Some(horizon) = tombstone_horizon_ms {
             report.tombstones_expired = self.expire_tombstones(horizon).await?;
         }
-        crate::metrics::observe_purge(&report, started.elapsed());
+        let elapsed = started.elapsed();
+        crate::metrics::observe_purge(
+            report.events_purged,
+            report.tombstones_written,
+            report.tombstones_expired,
+            elapsed,
+        );
         Ok(report)
     }
 
