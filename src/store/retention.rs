@@ -99,13 +99,8 @@ impl Store {
         if let Some(horizon) = tombstone_horizon_ms {
             report.tombstones_expired = self.expire_tombstones(horizon).await?;
         }
-        let elapsed = started.elapsed();
-        crate::metrics::observe_purge(
-            report.events_purged,
-            report.tombstones_written,
-            report.tombstones_expired,
-            elapsed,
-        );
+        let (events, written, expired) = (report.events_purged, report.tombstones_written, report.tombstones_expired);
+        crate::metrics::observe_purge(events, written, expired, started.elapsed());
         Ok(report)
     }
 
