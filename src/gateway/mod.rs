@@ -23,6 +23,7 @@ mod auth;
 mod client;
 mod create_rate;
 mod error;
+mod fields;
 mod group;
 mod health;
 mod http;
