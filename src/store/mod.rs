@@ -21,6 +21,7 @@ mod port;
 mod presence;
 mod read;
 mod retention;
+mod since_token;
 mod sync;
 mod write;
 
