@@ -9,7 +9,6 @@ use tokio_postgres::Client;
 
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
 use super::prepared::Conn;
-use super::recall::{Target, Targets};
 use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
 use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
 use crate::store::StoreError;
@@ -388,6 +387,20 @@ SELECT k.conv, k.u, k.s, e.sender_user, e.created_at,
        (SELECT min(r.seq) FROM events r WHERE r.conv_id = k.conv AND r.kind = 'recall' AND r.target_seq = k.s)
   FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(conv, u, s)
   JOIN events e ON e.conv_id = k.conv AND e.seq = k.s AND e.kind = 'msg'";
+
+/// A recall's target as the transaction found it, for one caller.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    pub(super) sender: UserId,
+    pub(super) created_at: DateTime<Utc>,
+    /// The seq of the recall that already erased it.
+    pub(super) recalled_by: Option<i64>,
+    /// Inside one of the caller's membership periods.
+    pub(super) visible: bool,
+}
+
+/// `(caller, target seq)` → the target, when it is a `msg` of the log.
+pub(super) type Targets = HashMap<(UserId, i64), Target>;
 
 /// The targets of the `recall`s of `jobs`, per conversation.
 async fn lookup_recall_targets(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<ConvId, Targets>, StoreError> {
