@@ -14,7 +14,6 @@ use imcore_actors::conversation::ActorConfig;
 use imcore_actors::hub::HubConfig;
 
 use crate::domain::DEFAULT_MAX_BODY_BYTES;
-use crate::store::SYNC_DEFAULT_MAX_BYTES;
 
 /// How sends reach PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -90,6 +89,9 @@ pub struct Config {
 }
 
 const DEFAULT_DATA_DIR: &str = "./var";
+
+/// Bytes of event bodies in one `sync` page, unless configured otherwise.
+pub const SYNC_DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 
 /// Where the generated admin token is kept (when none is configured).
 pub fn admin_token_path(data_dir: &Path) -> PathBuf {

@@ -15,8 +15,6 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::store::Pool;
-
 pub struct Metrics {
     registry: Registry,
     /// `op`, `transport` (`ws` | `http`).
@@ -193,13 +191,12 @@ pub fn write_phase_totals() -> Vec<(f64, u64)> {
         .collect()
 }
 
-/// Sets the pool gauges from `pool.state()` as it is now: `connections`,
+/// Sets the pool gauges from the pool's state as it is now: `connections`,
 /// `idle`, `in_use` (checked out), and bb8's running totals of gets that
 /// waited, timed out, and their wait. bb8's `pending_gets` is left out: it is
 /// gets started minus gets finished, so every get dropped while waiting (a
 /// request cancelled) would count as pending forever.
-pub fn sample_pool(pool: &Pool) {
-    let state = pool.state();
+pub fn sample_pool(state: bb8::State) {
     let set = |name: &str, n: u64| METRICS.pool.with_label_values(&[name]).set(i64::try_from(n).unwrap_or(i64::MAX));
     set("connections", state.connections.into());
     set("idle", state.idle_connections.into());
@@ -226,11 +223,11 @@ impl Drop for Running {
     }
 }
 
-pub fn observe_purge(report: &crate::store::PurgeReport, elapsed: Duration) {
+pub fn observe_purge(events_purged: u64, tombstones_written: u64, tombstones_expired: u64, elapsed: Duration) {
     let m = &METRICS.retention;
-    m.with_label_values(&["events_purged"]).inc_by(report.events_purged);
-    m.with_label_values(&["tombstones_written"]).inc_by(report.tombstones_written);
-    m.with_label_values(&["tombstones_expired"]).inc_by(report.tombstones_expired);
+    m.with_label_values(&["events_purged"]).inc_by(events_purged);
+    m.with_label_values(&["tombstones_written"]).inc_by(tombstones_written);
+    m.with_label_values(&["tombstones_expired"]).inc_by(tombstones_expired);
     METRICS.retention_run.observe(elapsed.as_secs_f64());
 }
 

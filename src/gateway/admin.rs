@@ -3,15 +3,27 @@
 use actix_web::http::Method;
 use actix_web::{web, HttpRequest, HttpResponse};
 use imcore_actors::{ConvId, DeviceId, UserId};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::http::{fields, resource};
 use super::{auth, AppState};
 use crate::domain::{check_text, MAX_DISPLAY_NAME_CHARS};
 
-fn string_field<'a>(fields: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
+fn string_field<'a>(fields: &'a Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
     fields.get(name).and_then(Value::as_str).ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
+}
+
+/// An admin write's preamble: the admin token checked, then the request's
+/// fields and the `user_id` among them.
+async fn admin_user_fields(
+    state: &AppState,
+    req: &HttpRequest,
+    payload: web::Payload,
+) -> Result<(UserId, Map<String, Value>), ApiError> {
+    auth::admin(state, req)?;
+    let fields = fields(req, payload).await?;
+    Ok((UserId::parse(string_field(&fields, "user_id")?)?, fields))
 }
 
 /// `{"user_id", "display_name"?}` → 201 `{"user_id"}`; 409 `ALREADY_EXISTS`.
@@ -20,9 +32,7 @@ async fn create_user(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    auth::admin(&state, &req)?;
-    let fields = fields(&req, payload).await?;
-    let user = UserId::parse(string_field(&fields, "user_id")?)?;
+    let (user, fields) = admin_user_fields(&state, &req, payload).await?;
     let display_name = match fields.get("display_name") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {
@@ -45,9 +55,7 @@ async fn issue_device(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    auth::admin(&state, &req)?;
-    let fields = fields(&req, payload).await?;
-    let user = UserId::parse(string_field(&fields, "user_id")?)?;
+    let (user, fields) = admin_user_fields(&state, &req, payload).await?;
     let device = DeviceId::parse(string_field(&fields, "device_id")?)?;
     let issued = state.store.issue_device_token(&user, &device).await?;
     state.delivery.revoke(&user, &device);

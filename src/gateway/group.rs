@@ -9,7 +9,7 @@ use imcore_actors::UserId;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::request::Fields;
+use super::fields::Fields;
 use crate::domain::{
     check_text, format_time, DeliveryMode, JoinMode, Role, ADMIN_BITS, MAX_ALIAS_CHARS, MAX_DURATION_MS,
     MAX_GROUP_NAME_CHARS,

@@ -23,6 +23,7 @@ mod auth;
 mod client;
 mod create_rate;
 mod error;
+mod fields;
 mod group;
 mod health;
 mod http;
@@ -131,7 +132,7 @@ async fn metrics_text(state: web::Data<AppState>) -> HttpResponse {
     }
     m.memory_budget.with_label_values(&["in_use"]).set(i64::try_from(state.budget.in_use()).unwrap_or(i64::MAX));
     m.memory_budget.with_label_values(&["limit"]).set(i64::try_from(state.budget.limit()).unwrap_or(i64::MAX));
-    crate::metrics::sample_pool(state.store.pool());
+    crate::metrics::sample_pool(state.store.pool().state());
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render())
 }
 

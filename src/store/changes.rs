@@ -13,10 +13,10 @@ use std::sync::LazyLock;
 use chrono::{DateTime, TimeDelta, Utc};
 use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
 
 use super::error::decoded;
 use super::inbox::{inbox_item, inbox_items_sql, InboxItem, INBOX_MAX_LIMIT};
+use super::since_token::{decode_token, since_token};
 use super::{Store, StoreError};
 
 /// Beyond this age a token answers `reset`: a full paging then costs less
@@ -28,10 +28,6 @@ const SINCE_MAX_SKEW: TimeDelta = TimeDelta::minutes(1);
 
 /// Most changed (or left) conversations one delta lists; more answer `reset`.
 pub const SINCE_MAX_CHANGED: i64 = INBOX_MAX_LIMIT;
-
-const SINCE_NOW: &str = "
-SELECT date_trunc('milliseconds', least(now(), (SELECT min(xact_start) FROM pg_stat_activity
-                                                WHERE datname = current_database() AND state <> 'idle')))";
 
 /// $1 user, $2 token time, $3 rows to fetch: the user's current
 /// conversations (its open periods: a `members` row exists exactly while its
@@ -100,29 +96,5 @@ impl Store {
             left: left.iter().map(|r| decoded(ConvId::parse(r.get(0)), "conv_id")).collect::<Result<_, _>>()?,
             since,
         })
-    }
-}
-
-/// A new token (module docs). Poll it before the statements it goes with.
-pub(super) async fn since_token(c: &Client) -> Result<String, StoreError> {
-    let at: DateTime<Utc> = c.query_typed_one(SINCE_NOW, &[]).await?.get(0);
-    Ok(hex::encode(at.timestamp_millis().to_string()))
-}
-
-fn decode_token(token: &str) -> Option<DateTime<Utc>> {
-    let millis: i64 = String::from_utf8(hex::decode(token).ok()?).ok()?.parse().ok()?;
-    DateTime::from_timestamp_millis(millis)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_token_decodes_to_its_time_and_anything_else_to_nothing() {
-        assert_eq!(decode_token(&hex::encode("1790000000123")).map(|t| t.timestamp_millis()), Some(1_790_000_000_123));
-        for bad in ["", "zz", &hex::encode("x1"), &hex::encode("99999999999999999999")] {
-            assert_eq!(decode_token(bad), None, "{bad}");
-        }
     }
 }

@@ -18,8 +18,8 @@ use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
-use super::changes::since_token;
 use super::conversations::{conversation_from_row_at, CONVERSATION_COLUMNS};
+use super::since_token::since_token;
 use super::sync::event_from_row;
 use super::{ConversationInfo, Store, StoreError};
 use crate::domain::{Event, Rejection};

@@ -21,6 +21,7 @@ mod port;
 mod presence;
 mod read;
 mod retention;
+mod since_token;
 mod sync;
 mod write;
 
@@ -38,7 +39,7 @@ pub use members::{
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use presence::Membership;
 pub use retention::PurgeReport;
-pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_DEFAULT_MAX_BYTES, SYNC_FORWARD, SYNC_MAX_LIMIT};
+pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
     Appended, BatchJob, ConvCache, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, RecallAck, RecallOp,
     Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,

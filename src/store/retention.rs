@@ -97,7 +97,8 @@ impl Store {
         if let Some(horizon) = tombstone_horizon_ms {
             report.tombstones_expired = self.expire_tombstones(horizon).await?;
         }
-        crate::metrics::observe_purge(&report, started.elapsed());
+        let (events, written, expired) = (report.events_purged, report.tombstones_written, report.tombstones_expired);
+        crate::metrics::observe_purge(events, written, expired, started.elapsed());
         Ok(report)
     }
 

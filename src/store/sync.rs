@@ -5,17 +5,16 @@
 //! connection is returned before the rows are decoded.
 
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::error::decoded;
 use super::{Store, StoreError};
+use crate::config::SYNC_DEFAULT_MAX_BYTES;
 use crate::domain::{Event, EventKind, LeaveReason, Rejection};
 
 pub const SYNC_DEFAULT_LIMIT: i64 = 100;
 pub const SYNC_MAX_LIMIT: i64 = 1000;
-/// Bytes of event bodies in one page, unless configured otherwise.
-pub const SYNC_DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct SyncRequest {
@@ -123,56 +122,42 @@ impl Store {
             has_more: false,
             truncated: false,
         };
-        if let Some(before) = req.before_seq {
-            let rows = conn
-                .query_typed(
-                    SYNC_BACKWARD,
-                    &[
-                        (&conv, Type::TEXT),
-                        (&user, Type::TEXT),
-                        (&before, Type::INT8),
-                        (&head, Type::INT8),
-                        (&fetch, Type::INT8),
-                        (&min_seq, Type::INT8),
-                    ],
-                )
-                .await?;
-            drop(conn);
-            // Newest first, so the budget keeps the events nearest `before_seq`.
-            let (mut events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes)?;
-            events.reverse();
-            page.has_more = cut || rows.len() as i64 > limit;
-            page.events = events;
-            page.next_before = page.events.first().map(|e| e.seq);
-            page.next_after = page.events.last().map_or(before.min(head + 1) - 1, |e| e.seq);
-            return Ok(page);
-        }
-        let mut after = req.after_seq.unwrap_or(0).max(0);
-        if after < min_seq - 1 {
-            after = min_seq - 1;
-            page.truncated = true;
-        }
-        let rows = conn
-            .query_typed(
-                SYNC_FORWARD,
-                &[
-                    (&conv, Type::TEXT),
-                    (&user, Type::TEXT),
-                    (&after, Type::INT8),
-                    (&head, Type::INT8),
-                    (&fetch, Type::INT8),
-                ],
-            )
-            .await?;
+        // A page forward from `after_seq` or backward below `before_seq`: the
+        // same parameters, and backward also takes `$6`, min_seq.
+        let (sql, bound, n) = match req.before_seq {
+            Some(before) => (SYNC_BACKWARD, before, 6),
+            None => {
+                let after = req.after_seq.unwrap_or(0).max(0);
+                page.truncated = after < min_seq - 1;
+                (SYNC_FORWARD, after.max(min_seq - 1), 5)
+            }
+        };
+        let params = [
+            (&conv as &(dyn ToSql + Sync), Type::TEXT),
+            (&user, Type::TEXT),
+            (&bound, Type::INT8),
+            (&head, Type::INT8),
+            (&fetch, Type::INT8),
+            (&min_seq, Type::INT8),
+        ];
+        let rows = conn.query_typed(sql, &params[..n]).await?;
         drop(conn);
+        // Backward rows come newest first, so the budget keeps the events
+        // nearest `before_seq`.
         let (events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes)?;
         page.has_more = cut || rows.len() as i64 > limit;
         page.events = events;
-        page.next_after = match page.events.last() {
-            Some(last) if page.has_more => last.seq,
-            // Nothing visible remains up to head: the scan covered it all.
-            _ => after.max(head),
-        };
+        if req.before_seq.is_some() {
+            page.events.reverse();
+            page.next_before = page.events.first().map(|e| e.seq);
+            page.next_after = page.events.last().map_or(bound.min(head + 1) - 1, |e| e.seq);
+        } else {
+            page.next_after = match page.events.last() {
+                Some(last) if page.has_more => last.seq,
+                // Nothing visible remains up to head: the scan covered it all.
+                _ => bound.max(head),
+            };
+        }
         Ok(page)
     }
 }

@@ -8,25 +8,6 @@ use super::prepared::Conn;
 use crate::domain::{Event, EventKind};
 use crate::store::StoreError;
 
-/// Every event of every conversation of the transaction, the bodies its
-/// recalls erase, and every conversation row, in one statement.
-pub(super) const APPEND_EVENTS: &str = "
-WITH appended AS (
-  INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
-                      body, subject_user, actor, reason, change, target_seq, recalled, created_at)
-  SELECT e.*, $16
-    FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
-                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[]) AS e),
-erased AS (
-  UPDATE events e SET body = NULL, recalled = true
-    FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
-   WHERE e.conv_id = r.conv AND e.seq = r.seq)
-UPDATE conversations c
-   SET next_seq = u.next_seq, member_version = c.member_version + u.bump, member_count = u.members,
-       last_event_at = $16
-  FROM unnest($17::text[], $18::int8[], $19::int8[], $20::int4[]) AS u(conv, next_seq, bump, members)
- WHERE c.conv_id = u.conv";
-
 /// Column arrays of the events of a transaction, for one multi-row INSERT.
 #[derive(Default)]
 pub(super) struct EventColumns<'a> {

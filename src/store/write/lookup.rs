@@ -9,7 +9,6 @@ use tokio_postgres::Client;
 
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
 use super::prepared::Conn;
-use super::recall::{Target, Targets};
 use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
 use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
 use crate::store::StoreError;
@@ -42,51 +41,6 @@ pub(super) enum LockMode {
     /// the commit stage, which then runs without that conversation.
     SkipLocked,
 }
-
-/// Rows are locked in `conv_id` order, so two transactions that each lock
-/// several conversations never deadlock. `NO KEY UPDATE` serialises writers of
-/// a conversation just as well (it conflicts with itself) without blocking
-/// other transactions' foreign-key checks against the row.
-macro_rules! lock_conversations_sql {
-    ($wait:literal) => {
-        concat!(
-            "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
-            "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms ",
-            "FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
-            $wait
-        )
-    };
-}
-pub(super) const LOCK_CONVERSATIONS: &str = lock_conversations_sql!("");
-/// `SKIP LOCKED` rather than `NOWAIT`: `NOWAIT` fails the statement, and with
-/// it the transaction, at the first row held elsewhere without naming it;
-/// `SKIP LOCKED` returns the rows it took, so the transaction goes on with
-/// those and leaves the others out.
-pub(super) const LOCK_CONVERSATIONS_SKIP_LOCKED: &str = lock_conversations_sql!(" SKIP LOCKED");
-
-/// Which of the conversations exist, without locking (a row another
-/// transaction holds is still read).
-pub(super) const EXISTING_CONVERSATIONS: &str = "SELECT conv_id FROM conversations WHERE conv_id = ANY($1::text[])";
-
-/// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
-/// join against the key list can scan the whole conversation). Tombstones are
-/// probed only where retention ever purged (`min_seq > 1`), read from the
-/// row itself: the statement runs behind the lock statement, whose result it
-/// cannot wait for.
-pub(super) const LOOKUP_REQUEST_KEYS: &str = "
-SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash
-  FROM unnest($1::text[], $2::text[], $3::text[]) AS k(conv, u, c)
-  JOIN conversations c ON c.conv_id = k.conv
-  LEFT JOIN LATERAL (SELECT seq, message_id, request_hash, created_at FROM events
-                      WHERE conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c LIMIT 1) e ON true
-  LEFT JOIN LATERAL (SELECT request_hash FROM idem_tombstones
-                      WHERE c.min_seq > 1 AND conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c) t ON true
- WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
-
-/// The standings of (conversation, user) pairs, by primary key.
-pub(super) const LOAD_STANDINGS: &str = "
-SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms FROM members m
-  JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
 
 const LOOKUP_APPLICATIONS: &str = "
 SELECT a.conv_id, a.user_id FROM group_applications a
@@ -388,6 +342,20 @@ SELECT k.conv, k.u, k.s, e.sender_user, e.created_at,
        (SELECT min(r.seq) FROM events r WHERE r.conv_id = k.conv AND r.kind = 'recall' AND r.target_seq = k.s)
   FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(conv, u, s)
   JOIN events e ON e.conv_id = k.conv AND e.seq = k.s AND e.kind = 'msg'";
+
+/// A recall's target as the transaction found it, for one caller.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    pub(super) sender: UserId,
+    pub(super) created_at: DateTime<Utc>,
+    /// The seq of the recall that already erased it.
+    pub(super) recalled_by: Option<i64>,
+    /// Inside one of the caller's membership periods.
+    pub(super) visible: bool,
+}
+
+/// `(caller, target seq)` → the target, when it is a `msg` of the log.
+pub(super) type Targets = HashMap<(UserId, i64), Target>;
 
 /// The targets of the `recall`s of `jobs`, per conversation.
 async fn lookup_recall_targets(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<ConvId, Targets>, StoreError> {

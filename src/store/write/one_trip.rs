@@ -26,46 +26,6 @@ use super::prepared::Conn;
 use super::{Appended, BatchJob, Unfinished, WrittenBatch, ROSTER_CACHE_USERS};
 use crate::domain::{Role, Standing};
 
-/// `$1`..`$15` are the event columns of the append (`append::EventColumns`);
-/// `$16`.. what the plan expects of its conversation's row.
-macro_rules! append_if_unchanged_sql {
-    ($lock:literal) => {
-        concat!(
-            "WITH unlike AS MATERIALIZED (
-  SELECT 1 FROM unnest($25::text[]) AS a(u)
-   WHERE NOT coalesce((SELECT role = 'member' AND mute_until IS NULL AND role_until IS NULL AND extra_perms = 0
-                         FROM members WHERE conv_id = $16 AND user_id = a.u), false)),
-conv AS (
-  SELECT c.conv_id, date_trunc('milliseconds', now()) AS now
-    FROM (SELECT conv_id, next_seq, member_version, status, mute_all, join_mode, delivery_mode, min_seq
-            FROM conversations WHERE conv_id = $16 FOR NO KEY UPDATE",
-            $lock,
-            ") c
-   WHERE c.next_seq = $17 AND c.member_version = $19 AND c.status <> 'dismissed'
-     AND c.mute_all = $20 AND c.join_mode = $21 AND c.delivery_mode = $22
-     AND ($23::timestamptz IS NULL OR date_trunc('milliseconds', now()) >= $23)
-     AND ($24::timestamptz IS NULL OR date_trunc('milliseconds', now()) < $24)
-     AND NOT EXISTS (SELECT 1 FROM unlike)
-     AND (c.min_seq = 1 OR NOT EXISTS (
-       SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
-         SELECT 1 FROM idem_tombstones WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key
-          LIMIT 1) t))),
-appended AS (
-  INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
-                      body, subject_user, actor, reason, change, target_seq, recalled, created_at)
-  SELECT e.*, conv.now
-    FROM conv, unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[],
-                      $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[],
-                      $15::bool[]) AS e),
-moved AS (
-  UPDATE conversations c SET next_seq = $18, last_event_at = conv.now FROM conv
-   WHERE c.conv_id = $16 AND conv.conv_id = $16)
-SELECT now FROM conv"
-        )
-    };
-}
-pub(super) const APPEND_IF_UNCHANGED: &str = append_if_unchanged_sql!("");
-
 /// BEGIN, and the statement planned once per connection (a custom plan per
 /// call cost 0.25 ms of planning at bind). A generic plan is made with the
 /// statistics of its first call, which on a young database say the tables
@@ -74,7 +34,6 @@ pub(super) const APPEND_IF_UNCHANGED: &str = append_if_unchanged_sql!("");
 /// merge joins are priced out, so that plan probes by key at any size.
 const PLANNED_ONCE: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
                             SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
-pub(super) const APPEND_IF_UNCHANGED_SKIP_LOCKED: &str = append_if_unchanged_sql!(" SKIP LOCKED");
 
 /// A batch checked against its cache: what it appends if the guard holds.
 pub(super) struct Plan {

@@ -6,11 +6,110 @@
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Error, Statement};
 
-use super::append::APPEND_EVENTS;
-use super::lookup::{
-    EXISTING_CONVERSATIONS, LOAD_STANDINGS, LOCK_CONVERSATIONS, LOCK_CONVERSATIONS_SKIP_LOCKED, LOOKUP_REQUEST_KEYS,
-};
-use super::one_trip::{APPEND_IF_UNCHANGED, APPEND_IF_UNCHANGED_SKIP_LOCKED};
+/// Rows are locked in `conv_id` order, so two transactions that each lock
+/// several conversations never deadlock. `NO KEY UPDATE` serialises writers of
+/// a conversation just as well (it conflicts with itself) without blocking
+/// other transactions' foreign-key checks against the row.
+macro_rules! lock_conversations_sql {
+    ($wait:literal) => {
+        concat!(
+            "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
+            "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms ",
+            "FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
+            $wait
+        )
+    };
+}
+const LOCK_CONVERSATIONS: &str = lock_conversations_sql!("");
+/// `SKIP LOCKED` rather than `NOWAIT`: `NOWAIT` fails the statement, and with
+/// it the transaction, at the first row held elsewhere without naming it;
+/// `SKIP LOCKED` returns the rows it took, so the transaction goes on with
+/// those and leaves the others out.
+const LOCK_CONVERSATIONS_SKIP_LOCKED: &str = lock_conversations_sql!(" SKIP LOCKED");
+
+/// Which of the conversations exist, without locking (a row another
+/// transaction holds is still read).
+const EXISTING_CONVERSATIONS: &str = "SELECT conv_id FROM conversations WHERE conv_id = ANY($1::text[])";
+
+/// One index probe per key on each unique index (a LATERAL `LIMIT 1`; a plain
+/// join against the key list can scan the whole conversation). Tombstones are
+/// probed only where retention ever purged (`min_seq > 1`), read from the
+/// row itself: the statement runs behind the lock statement, whose result it
+/// cannot wait for.
+const LOOKUP_REQUEST_KEYS: &str = "
+SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.request_hash
+  FROM unnest($1::text[], $2::text[], $3::text[]) AS k(conv, u, c)
+  JOIN conversations c ON c.conv_id = k.conv
+  LEFT JOIN LATERAL (SELECT seq, message_id, request_hash, created_at FROM events
+                      WHERE conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c LIMIT 1) e ON true
+  LEFT JOIN LATERAL (SELECT request_hash FROM idem_tombstones
+                      WHERE c.min_seq > 1 AND conv_id = k.conv AND sender_user = k.u AND client_msg_id = k.c) t ON true
+ WHERE e.seq IS NOT NULL OR t.request_hash IS NOT NULL";
+
+/// The standings of (conversation, user) pairs, by primary key.
+const LOAD_STANDINGS: &str = "
+SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms FROM members m
+  JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
+
+/// Every event of every conversation of the transaction, the bodies its
+/// recalls erase, and every conversation row, in one statement.
+const APPEND_EVENTS: &str = "
+WITH appended AS (
+  INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
+                      body, subject_user, actor, reason, change, target_seq, recalled, created_at)
+  SELECT e.*, $16
+    FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
+                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[]) AS e),
+erased AS (
+  UPDATE events e SET body = NULL, recalled = true
+    FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
+   WHERE e.conv_id = r.conv AND e.seq = r.seq)
+UPDATE conversations c
+   SET next_seq = u.next_seq, member_version = c.member_version + u.bump, member_count = u.members,
+       last_event_at = $16
+  FROM unnest($17::text[], $18::int8[], $19::int8[], $20::int4[]) AS u(conv, next_seq, bump, members)
+ WHERE c.conv_id = u.conv";
+
+/// `$1`..`$15` are the event columns of the append (`append::EventColumns`);
+/// `$16`.. what the one-trip plan expects of its conversation's row.
+macro_rules! append_if_unchanged_sql {
+    ($lock:literal) => {
+        concat!(
+            "WITH unlike AS MATERIALIZED (
+  SELECT 1 FROM unnest($25::text[]) AS a(u)
+   WHERE NOT coalesce((SELECT role = 'member' AND mute_until IS NULL AND role_until IS NULL AND extra_perms = 0
+                         FROM members WHERE conv_id = $16 AND user_id = a.u), false)),
+conv AS (
+  SELECT c.conv_id, date_trunc('milliseconds', now()) AS now
+    FROM (SELECT conv_id, next_seq, member_version, status, mute_all, join_mode, delivery_mode, min_seq
+            FROM conversations WHERE conv_id = $16 FOR NO KEY UPDATE",
+            $lock,
+            ") c
+   WHERE c.next_seq = $17 AND c.member_version = $19 AND c.status <> 'dismissed'
+     AND c.mute_all = $20 AND c.join_mode = $21 AND c.delivery_mode = $22
+     AND ($23::timestamptz IS NULL OR date_trunc('milliseconds', now()) >= $23)
+     AND ($24::timestamptz IS NULL OR date_trunc('milliseconds', now()) < $24)
+     AND NOT EXISTS (SELECT 1 FROM unlike)
+     AND (c.min_seq = 1 OR NOT EXISTS (
+       SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
+         SELECT 1 FROM idem_tombstones WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key
+          LIMIT 1) t))),
+appended AS (
+  INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
+                      body, subject_user, actor, reason, change, target_seq, recalled, created_at)
+  SELECT e.*, conv.now
+    FROM conv, unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[],
+                      $8::bytea[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[],
+                      $15::bool[]) AS e),
+moved AS (
+  UPDATE conversations c SET next_seq = $18, last_event_at = conv.now FROM conv
+   WHERE c.conv_id = $16 AND conv.conv_id = $16)
+SELECT now FROM conv"
+        )
+    };
+}
+const APPEND_IF_UNCHANGED: &str = append_if_unchanged_sql!("");
+const APPEND_IF_UNCHANGED_SKIP_LOCKED: &str = append_if_unchanged_sql!(" SKIP LOCKED");
 
 pub struct Prepared {
     pub(super) lock: Statement,
@@ -66,35 +165,23 @@ impl Prepared {
             T::TEXT_ARRAY,
         ];
         let guarded = [&append[..15], &expected].concat();
-        let (
-            lock,
-            lock_skip_locked,
-            existing,
-            request_keys,
-            standings,
-            append,
-            append_if_unchanged,
-            append_if_unchanged_skip_locked,
-        ) = futures_util::try_join!(
-            client.prepare_typed(LOCK_CONVERSATIONS, &texts[..1]),
-            client.prepare_typed(LOCK_CONVERSATIONS_SKIP_LOCKED, &texts[..1]),
-            client.prepare_typed(EXISTING_CONVERSATIONS, &texts[..1]),
-            client.prepare_typed(LOOKUP_REQUEST_KEYS, &texts),
-            client.prepare_typed(LOAD_STANDINGS, &texts[..2]),
-            client.prepare_typed(APPEND_EVENTS, &append),
-            client.prepare_typed(APPEND_IF_UNCHANGED, &guarded),
-            client.prepare_typed(APPEND_IF_UNCHANGED_SKIP_LOCKED, &guarded),
-        )?;
-        Ok(Self {
-            lock,
-            lock_skip_locked,
-            existing,
-            request_keys,
-            standings,
-            append,
-            append_if_unchanged,
-            append_if_unchanged_skip_locked,
-        })
+        // Each statement named once: its field, its text, its parameter types.
+        macro_rules! prepare_all {
+            ($($name:ident: $sql:expr, $types:expr;)*) => {{
+                let ($($name,)*) = futures_util::try_join!($(client.prepare_typed($sql, $types)),*)?;
+                Ok(Self { $($name),* })
+            }};
+        }
+        prepare_all! {
+            lock: LOCK_CONVERSATIONS, &texts[..1];
+            lock_skip_locked: LOCK_CONVERSATIONS_SKIP_LOCKED, &texts[..1];
+            existing: EXISTING_CONVERSATIONS, &texts[..1];
+            request_keys: LOOKUP_REQUEST_KEYS, &texts;
+            standings: LOAD_STANDINGS, &texts[..2];
+            append: APPEND_EVENTS, &append;
+            append_if_unchanged: APPEND_IF_UNCHANGED, &guarded;
+            append_if_unchanged_skip_locked: APPEND_IF_UNCHANGED_SKIP_LOCKED, &guarded;
+        }
     }
 }
 

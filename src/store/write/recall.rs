@@ -4,29 +4,13 @@
 //! event is appended and the target's body erased in the same transaction:
 //! a recalled message's content is gone, not hidden.
 
-use std::collections::HashMap;
-
-use chrono::{DateTime, Duration, Utc};
-use imcore_actors::UserId;
+use chrono::Duration;
 
 use super::batch::BatchBuilder;
+use super::lookup::{Target, Targets};
 use super::ops::{RecallAck, RecallOp, WriteOutcome, Written};
 use super::Roster;
 use crate::domain::{EventKind, Permission, Rejection};
-
-/// A recall's target as the transaction found it, for one caller.
-#[derive(Debug, Clone)]
-pub(super) struct Target {
-    pub(super) sender: UserId,
-    pub(super) created_at: DateTime<Utc>,
-    /// The seq of the recall that already erased it.
-    pub(super) recalled_by: Option<i64>,
-    /// Inside one of the caller's membership periods.
-    pub(super) visible: bool,
-}
-
-/// `(caller, target seq)` → the target, when it is a `msg` of the log.
-pub(super) type Targets = HashMap<(UserId, i64), Target>;
 
 impl BatchBuilder {
     /// Checks: active → caller is a member → the target is a `msg` it can

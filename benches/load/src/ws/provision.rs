@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::{stream, StreamExt};
 use imcore_client::{Http, Ws};
 use serde_json::{json, Value};
 
@@ -120,4 +121,33 @@ pub async fn connect_retry(port: u16, src: Ipv4Addr, token: &str) -> Result<Ws, 
             }
         }
     }
+}
+
+/// Connects every token, 256 at a time: token `k` is connection `first + k`,
+/// made to `port(first + k)` from its source address among `addrs`. With
+/// `routed`, each also answers a ping (the server has registered it) before
+/// this returns.
+pub async fn connect_all(
+    tokens: &[String],
+    first: usize,
+    addrs: usize,
+    port: impl Fn(usize) -> u16,
+    routed: bool,
+) -> Result<Vec<Ws>, BoxError> {
+    stream::iter(tokens.iter().enumerate())
+        .map(|(k, token)| {
+            let (i, port) = (first + k, port(first + k));
+            async move {
+                let mut ws = connect_retry(port, source_addr(i, addrs), token).await?;
+                if routed {
+                    ws.request("ping", json!({})).await?;
+                }
+                Ok::<_, BoxError>(ws)
+            }
+        })
+        .buffered(256)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
 }

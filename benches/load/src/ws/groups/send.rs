@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ws::frame::FrameIn;
-use futures_util::{stream, StreamExt};
 use imcore::store::Store;
 use imcore_client::Ws;
 use serde_json::{json, Value};
@@ -138,13 +137,8 @@ pub async fn run(server: &Server, pg: &Pg, db: &Store, big: &Big, p: &Params) ->
     let complete = Arc::new(AtomicUsize::new(0));
     let (stop, stopped) = watch::channel(false);
     let connect_started = Instant::now();
-    let conns: Vec<Ws> = stream::iter(big.online_tokens.iter().take(p.online).enumerate())
-        .map(|(i, t)| provision::connect_retry(server.port, provision::source_addr(i, p.source_addrs), t))
-        .buffered(256)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
+    let tokens = &big.online_tokens[..p.online.min(big.online_tokens.len())];
+    let conns = provision::connect_all(tokens, 0, p.source_addrs, |_| server.port, false).await?;
     let connect_s = connect_started.elapsed().as_secs_f64();
     let online = conns.len();
     let mut devices = JoinSet::new();

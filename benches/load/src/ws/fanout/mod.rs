@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::{stream, StreamExt};
 use imcore::store::{CreateConversation, GroupSettings, Store};
 use imcore_actors::{ConvId, UserId};
 use imcore_client::Ws;
@@ -70,13 +69,7 @@ impl Devices {
     /// Brings the devices of members `0..m` online, member `i` on node `i % N`.
     async fn online_up_to(&mut self, nodes: &Nodes, m: usize) -> Result<(), BoxError> {
         let (addrs, from) = (self.source_addrs, self.online);
-        let conns: Vec<Ws> = stream::iter(self.tokens[from..m].iter().enumerate())
-            .map(|(i, t)| provision::connect_retry(nodes.port(from + i), provision::source_addr(from + i, addrs), t))
-            .buffered(256)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<_, _>>()?;
+        let conns = provision::connect_all(&self.tokens[from..m], from, addrs, |i| nodes.port(i), false).await?;
         for (i, ws) in conns.into_iter().enumerate() {
             self.tasks.spawn(device::device(ws, from + i, self.current.clone(), self.closed.clone()));
         }

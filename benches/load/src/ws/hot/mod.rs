@@ -17,7 +17,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::{stream, StreamExt};
 use imcore::store::Store;
 use imcore_client::Ws;
 use serde_json::{json, Value};
@@ -124,29 +123,14 @@ async fn connect(nodes: &Nodes, setup: &Setup, p: &Params<'_>, conv: &str) -> Re
     .await?;
     let h0 = group["head"].as_i64().ok_or("create_conversation answered no head")?;
     let addrs = p.source_addrs;
-    let receivers: Vec<(Ws, Option<usize>)> = stream::iter(setup.receiver_tokens[..receivers].iter().enumerate())
-        .map(|(i, t)| async move {
-            let mut ws = provision::connect_retry(nodes.port(i), provision::source_addr(i, addrs), t).await?;
-            ws.request("ping", json!({})).await?;
-            Ok::<_, BoxError>((ws, nodes.node_of(i)))
-        })
-        .buffered(256)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
+    let port = |i| nodes.port(i);
+    let receivers = provision::connect_all(&setup.receiver_tokens[..receivers], 0, addrs, port, true).await?;
     let first = receivers.len();
-    let senders: Vec<(Ws, Option<usize>)> = stream::iter(setup.sender_tokens[..p.senders].iter().enumerate())
-        .map(|(i, t)| async move {
-            let ws =
-                provision::connect_retry(nodes.port(first + i), provision::source_addr(first + i, addrs), t).await?;
-            Ok::<_, BoxError>((ws, nodes.node_of(first + i)))
-        })
-        .buffered(256)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
+    let senders = provision::connect_all(&setup.sender_tokens[..p.senders], first, addrs, port, false).await?;
+    let on_nodes = |conns: Vec<Ws>, first: usize| -> Vec<(Ws, Option<usize>)> {
+        conns.into_iter().enumerate().map(|(k, ws)| (ws, nodes.node_of(first + k))).collect()
+    };
+    let (receivers, senders) = (on_nodes(receivers, 0), on_nodes(senders, first));
     Ok(Connections { h0, receivers, senders })
 }
 
