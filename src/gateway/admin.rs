@@ -14,7 +14,8 @@ fn string_field<'a>(fields: &'a serde_json::Map<String, Value>, name: &str) -> R
     fields.get(name).and_then(Value::as_str).ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
 }
 
-/// `{"user_id", "display_name"?}` → 201 `{"user_id"}`; 409 `ALREADY_EXISTS`.
+/// `{"user_id", "display_name"?}` → 201 `{"user_id"}`; 409 `ALREADY_EXISTS`;
+/// a `user_id` with a capital letter → `BAD_REQUEST`.
 async fn create_user(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -23,6 +24,10 @@ async fn create_user(
     auth::admin(&state, &req)?;
     let fields = fields(&req, payload).await?;
     let user = UserId::parse(string_field(&fields, "user_id")?)?;
+    // PROTOCOL §1: `ANA` would be a second `ana` to every reader.
+    if user.as_str().bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(ApiError::bad_request("a new user_id may not contain capital letters (A-Z)"));
+    }
     let display_name = match fields.get("display_name") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {
