@@ -2,8 +2,9 @@
 //! budget of [`FAILURE_BURST`] failures refilling at [`FAILURES_PER_MINUTE`];
 //! an address past it has every admin request refused `OVERLOADED` before its
 //! token is compared, so guessing runs at that rate and no faster. Failures
-//! are logged at warn at most once per [`LOG_EVERY`], with their count and
-//! the last address (never the token), so a flood cannot flood the log.
+//! and those refusals are logged at warn at most once per [`LOG_EVERY`], as
+//! counts with the last address (never the token), so a flood cannot flood
+//! the log.
 //!
 //! An address is the peer's IP, an IPv6 one by its /64 (what one host holds).
 //! The map is bounded like `create_rate`'s: full buckets are pruned; when every
@@ -11,7 +12,6 @@
 //! requests wait a minute, guesses stop).
 
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -31,10 +31,19 @@ const PRUNE_EVERY: Duration = Duration::from_secs(1);
 pub struct AdminGuard {
     /// Failures left per address, as of an instant.
     left: DashMap<IpAddr, (f64, Instant)>,
-    /// Failures since the last warn line.
-    unlogged: AtomicU64,
-    last_log: Mutex<Option<Instant>>,
+    /// What happened since the last warn line.
+    unlogged: Mutex<Unlogged>,
     last_prune: Mutex<Option<Instant>>,
+}
+
+#[derive(Default)]
+struct Unlogged {
+    /// When the last line was written.
+    at: Option<Instant>,
+    /// Wrong or missing tokens compared.
+    failures: u64,
+    /// Requests refused unchecked (their address had no failures left).
+    refused: u64,
 }
 
 fn refilled((left, at): (f64, Instant), now: Instant) -> f64 {
@@ -54,25 +63,36 @@ fn address(peer: Option<IpAddr>) -> IpAddr {
 }
 
 impl AdminGuard {
-    /// Whether `peer` spent its failures: its admin requests are refused unchecked.
+    /// Whether `peer` spent its failures: then this request is refused
+    /// unchecked (and counted for the log).
     pub fn blocked(&self, peer: Option<IpAddr>, now: Instant) -> bool {
-        match self.left.get(&address(peer)) {
+        let key = address(peer);
+        let blocked = match self.left.get(&key) {
             Some(entry) => refilled(*entry, now) < 1.0,
             None => self.left.len() >= MAX_TRACKED && !self.prune(now),
+        };
+        if blocked {
+            self.note(key, now, |u| u.refused += 1);
         }
+        blocked
     }
 
-    /// Takes one failure from `peer`'s budget, and logs if it is time to.
+    /// Takes one failure from `peer`'s budget.
     pub fn failed(&self, peer: Option<IpAddr>, now: Instant) {
         let key = address(peer);
         let left = self.left.get(&key).map_or(FAILURE_BURST, |e| refilled(*e, now));
         self.left.insert(key, ((left - 1.0).max(0.0), now));
-        let failures = self.unlogged.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut last = self.last_log.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !last.is_some_and(|at| now.saturating_duration_since(at) < LOG_EVERY) {
-            *last = Some(now);
-            self.unlogged.fetch_sub(failures, Ordering::Relaxed);
-            tracing::warn!(failures, last_peer = %key, "admin authentication failed");
+        self.note(key, now, |u| u.failures += 1);
+    }
+
+    /// Counts an event, and writes the line if the last is [`LOG_EVERY`] old.
+    fn note(&self, key: IpAddr, now: Instant, count: impl FnOnce(&mut Unlogged)) {
+        let mut u = self.unlogged.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        count(&mut u);
+        if !u.at.is_some_and(|at| now.saturating_duration_since(at) < LOG_EVERY) {
+            let (failures, refused) = (u.failures, u.refused);
+            *u = Unlogged { at: Some(now), failures: 0, refused: 0 };
+            tracing::warn!(failures, refused, last_peer = %key, "admin authentication failed");
         }
     }
 
@@ -105,6 +125,7 @@ mod tests {
             guard.failed(a, t0);
         }
         assert!(guard.blocked(a, t0), "the burst is spent");
+        assert_eq!(guard.unlogged.lock().map(|u| (u.failures, u.refused)).ok(), Some((19, 1)), "one line so far");
         assert!(!guard.blocked(b, t0), "budgets are per address");
         let one = Duration::from_secs_f64(60.0 / FAILURES_PER_MINUTE);
         assert!(guard.blocked(a, t0 + one / 2));

@@ -97,7 +97,8 @@ async fn failed_admin_guesses_are_throttled_per_address_and_logged_once_without_
         "throttle and log",
         "from one address, 20 wrong admin tokens answer UNAUTHORIZED, then every admin request (the right token \
          too) answers OVERLOADED unchecked while the budget refills (10/min); a 300-guess flood reaches the \
-         comparison 20 times and writes one warn line, without the guess or the token; device requests are unaffected",
+         comparison 20 times and writes one warn line; 10.5 s later a guess is compared again and the second line \
+         counts what came between; no line holds the guess or the token",
     );
     let db = TestDb::with_pool(4).await;
     let port = free_port();
@@ -115,25 +116,32 @@ async fn failed_admin_guesses_are_throttled_per_address_and_logged_once_without_
     let flood_ms = started.elapsed().as_millis() as u64;
     let (right_status, right) = http_raw(port, "POST", "/v1/admin/retention/run", Some(ADMIN), None).await;
     let (health, _) = http_raw(port, "GET", "/healthz", None, None).await;
+    // Past the log's interval, with one failure refilled: the next guess is
+    // compared again and writes the second line, counting what came between.
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    let (later, _) = http_raw(port, "POST", "/v1/admin/retention/run", Some(guess), None).await;
     server.kill().await.expect("stop the server");
     let text = std::fs::read_to_string(&log).expect("read the log");
     let _ = std::fs::remove_file(&log);
     let unauthorized = answers.iter().filter(|(s, c)| *s == 401 && c == "UNAUTHORIZED").count();
     let overloaded = answers.iter().filter(|(s, c)| *s == 503 && c == "OVERLOADED").count();
-    let warn_lines = text.lines().filter(|l| l.contains("admin authentication failed")).count();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("admin authentication failed")).collect();
     let pass = answers[..20].iter().all(|(s, _)| *s == 401)
         && unauthorized == 20
         && overloaded == 280
         && right_status == 503
         && code(&right) == "OVERLOADED"
         && health == 200
-        && warn_lines == 1
+        && later == 401
+        && lines.len() == 2
+        && lines[0].contains("failures=1 refused=0")
+        && lines[1].contains("failures=20 refused=281")
         && !text.contains(guess)
         && !text.contains(ADMIN);
     let observed = json!({
         "guesses": answers.len(), "unauthorized": unauthorized, "overloaded": overloaded, "flood_ms": flood_ms,
         "right_token_while_blocked": [right_status, code(&right)], "healthz": health,
-        "warn_lines": warn_lines, "log_has_guess_or_token": text.contains(guess) || text.contains(ADMIN),
+        "guess_after_10_5_s": later, "warn_lines": lines, "log_has_guess_or_token": text.contains(guess) || text.contains(ADMIN),
     });
     assert!(check.resolve(observed, pass), "{text}");
 }
