@@ -6,6 +6,8 @@
 //! unless the filter names them, so `IMCORE_LOG=debug` shows this server's
 //! debugging and no client's content.
 
+use std::io::IsTerminal;
+
 use tracing::{Level, Metadata};
 use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
@@ -19,7 +21,10 @@ pub const QUIET_TARGETS: &[&str] = &["tokio_postgres", "postgres_protocol", "asy
 pub fn init(filter: &str) {
     let env = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let quiet = Quiet::new(filter);
-    let layer = fmt::layer().with_target(false).with_filter(env.and(filter_fn(move |m| quiet.allows(m))));
+    // Colours only on a terminal: a log file or journal gets plain text.
+    let ansi = std::io::stdout().is_terminal();
+    let layer =
+        fmt::layer().with_target(false).with_ansi(ansi).with_filter(env.and(filter_fn(move |m| quiet.allows(m))));
     let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
