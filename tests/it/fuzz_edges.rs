@@ -475,7 +475,8 @@ async fn the_client_facing_edges_of_the_audit_are_answered_and_the_server_stays_
     let mut case = Case::start(
         "non-UTF-8 text frames",
         "a text message that is not UTF-8 (one frame, fragmented, a UTF-16 surrogate) closes with 1007; a valid \
-         message split inside a character is answered; the device connects again",
+         message split inside a character is answered; the device connects again; an unmasked frame still \
+         closes with 1002",
     );
     let bad: [Vec<Vec<u8>>; 3] = [
         vec![raw_frame(0x81, b"{\"op\":\"ping\",\"x\":\"\xff\xfe\"}")],
@@ -499,6 +500,11 @@ async fn the_client_facing_edges_of_the_audit_are_answered_and_the_server_stays_
     let pong = tokio::time::timeout(WAIT, next_frame(&mut tcp)).await.ok().flatten();
     let pong: Value = pong.map_or(Value::Null, |(_, p)| serde_json::from_slice(&p).unwrap_or_default());
     case.saw(json!({"split_inside_a_character": pong}), pong["pong"].is_string());
+    // Contrast: another framing violation (a client frame without a mask) stays 1002.
+    let mut tcp = raw_upgrade(s.port, &raw).await;
+    tcp.write_all(b"\x81\x02{}").await.expect("write frame");
+    let code = tokio::time::timeout(WAIT, close_code(&mut tcp)).await.ok().flatten();
+    case.saw(json!({"unmasked_frame_close": code}), code == Some(1002));
     case.finish(&mut failed);
 
     let mut case = Case::start(
