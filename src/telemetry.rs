@@ -21,8 +21,9 @@ pub const QUIET_TARGETS: &[&str] = &["tokio_postgres", "postgres_protocol", "asy
 pub fn init(filter: &str) {
     let env = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let quiet = Quiet::new(filter);
-    // Colours only on a terminal: a log file or journal gets plain text.
-    let ansi = std::io::stdout().is_terminal();
+    // Colours only on a terminal, and never under `NO_COLOR`: a log file or
+    // journal gets plain text.
+    let ansi = std::io::stdout().is_terminal() && !matches!(std::env::var_os("NO_COLOR"), Some(v) if !v.is_empty());
     let layer =
         fmt::layer().with_target(false).with_ansi(ansi).with_filter(env.and(filter_fn(move |m| quiet.allows(m))));
     let _ = tracing_subscriber::registry().with(layer).try_init();
