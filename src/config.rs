@@ -39,7 +39,9 @@ pub struct Config {
     #[arg(long, env = "IMCORE_DATA_DIR", default_value = DEFAULT_DATA_DIR, global = true)]
     pub data_dir: PathBuf,
 
-    /// Admin bearer token. Unset: generated once and kept in `<data_dir>/admin-token`.
+    /// Admin bearer token, at least 32 characters (the server refuses to
+    /// start with a shorter one). Unset: generated once and kept in
+    /// `<data_dir>/admin-token`.
     #[arg(long, env = "IMCORE_ADMIN_TOKEN", hide_env_values = true, global = true)]
     pub admin_token: Option<String>,
 
@@ -92,6 +94,10 @@ const DEFAULT_DATA_DIR: &str = "./var";
 
 /// Bytes of event bodies in one `sync` page, unless configured otherwise.
 pub const SYNC_DEFAULT_MAX_BYTES: usize = 1024 * 1024;
+
+/// The shortest admin token the server starts with: guessing it must stay
+/// hopeless at any rate (the generated one has 64 hex characters).
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
 
 /// Where the generated admin token is kept (when none is configured).
 pub fn admin_token_path(data_dir: &Path) -> PathBuf {

@@ -16,7 +16,7 @@ use rand::RngCore;
 use tokio::sync::Notify;
 
 use crate::cluster::{Bus, BusError};
-use crate::config::{admin_token_path, Config, RetentionSettings, WritePath, SHUTDOWN_GRACE};
+use crate::config::{admin_token_path, Config, RetentionSettings, WritePath, MIN_ADMIN_TOKEN_CHARS, SHUTDOWN_GRACE};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
 use crate::store::{Store, StoreError};
@@ -32,6 +32,11 @@ pub enum StartupError {
     Io(&'static str, #[source] std::io::Error),
     #[error("cluster bus: {0}")]
     Bus(#[from] BusError),
+    #[error(
+        "the admin token (IMCORE_ADMIN_TOKEN, --admin-token or <data-dir>/admin-token) has {chars} characters; \
+         it needs at least {MIN_ADMIN_TOKEN_CHARS} (e.g. `openssl rand -hex 32`)"
+    )]
+    WeakAdminToken { chars: usize },
 }
 
 pub struct Application {
@@ -45,6 +50,14 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: Config) -> Result<Self, StartupError> {
+        let admin_token = match &config.admin_token {
+            Some(t) => t.clone(),
+            None => admin_token_file(&config.data_dir)?,
+        };
+        let chars = admin_token.chars().count();
+        if chars < MIN_ADMIN_TOKEN_CHARS {
+            return Err(StartupError::WeakAdminToken { chars });
+        }
         let (database_url, embedded_pg) = match &config.database_url {
             Some(url) => (url.clone(), None),
             None => {
@@ -55,10 +68,6 @@ impl Application {
         let store = Store::connect_with(&database_url, &config.store).await?;
         let applied = store.migrate().await?;
         tracing::info!(applied, "schema is current");
-        let admin_token = match &config.admin_token {
-            Some(t) => t.clone(),
-            None => admin_token_file(&config.data_dir)?,
-        };
         let listener = TcpListener::bind(config.listen).map_err(|e| StartupError::Io("bind listener", e))?;
         set_tcp_user_timeout(&listener, config.ws.timeout_ms)
             .map_err(|e| StartupError::Io("set TCP_USER_TIMEOUT", e))?;

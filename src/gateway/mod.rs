@@ -3,7 +3,8 @@
 //! (`error.rs`); both transports run the same op dispatch (`ops.rs`).
 //!
 //! # Layout
-//! * `auth` — device and admin bearer tokens, refusals remembered briefly.
+//! * `auth` — device and admin bearer tokens, refusals remembered briefly;
+//!   `admin_guard` — the budget of failed admin authentications per address.
 //! * `create_rate` — the per-user limit on conversations created per minute.
 //! * `request` — a device request parsed and checked at the edge.
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
@@ -19,6 +20,7 @@
 //! `{"push": "kicked", "reason"}`.
 
 mod admin;
+mod admin_guard;
 mod auth;
 mod client;
 mod create_rate;
@@ -71,6 +73,7 @@ pub struct AppState {
     pub budget: Arc<MemoryBudget>,
     create_rate: create_rate::CreateRate,
     refused_tokens: auth::RefusedTokens,
+    admin_guard: admin_guard::AdminGuard,
     /// Set once graceful shutdown began: upgrades are refused, sessions leave.
     shutting_down: AtomicBool,
 }
@@ -94,6 +97,7 @@ impl AppState {
             budget: MemoryBudget::new(config.limits.memory_budget_bytes),
             create_rate: create_rate::CreateRate::new(config.limits.create_per_minute),
             refused_tokens: auth::RefusedTokens::default(),
+            admin_guard: admin_guard::AdminGuard::default(),
             config,
             shutting_down: AtomicBool::new(false),
         }

@@ -3,8 +3,9 @@
 //! it means rewriting this file alone).
 //!
 //! Invariants: frames are handled in arrival order and a `send` is queued on
-//! the writer while its frame is handled (P6); the route is registered when
-//! the actor starts and removed by compare-and-remove when it stops (P7).
+//! the writer while its frame is handled (P6); the connection id is drawn once
+//! the token is accepted, the route registered when the actor starts and
+//! removed by compare-and-remove when it stops (P7).
 //! Bounded per connection: requests in flight (`ws.max_inflight`) and doing
 //! database work (`ws.max_concurrent`), pushes in the mailbox (`ws.mailbox`;
 //! overflow closes with 1013) and in the memory budget; a ping every
@@ -42,21 +43,22 @@ pub async fn upgrade(
     stream: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    // Allocated at accept, before authentication: the id order is the connection
-    // order (P7); with several nodes, the order of the whole cluster's connections.
-    let conn_id = if state.delivery.clustered() {
-        ConnId::from_cluster_sequence(state.store.next_cluster_conn_id().await.map_err(ApiError::from)?)
-    } else {
-        state.delivery.routes().next_conn_id()
-    };
     let token = auth::bearer_or_query(&req);
     let owner = auth::device(&state, token.as_deref()).await?;
     if state.shutting_down() {
         return Err(ApiError::new(ErrorCode::Overloaded, "the server is shutting down").into());
     }
+    // Allocated once authenticated (a refused upgrade costs no `nextval`): the
+    // id order is the order connections were admitted (P7); with several
+    // nodes, the order of the whole cluster's connections.
+    let conn_id = if state.delivery.clustered() {
+        ConnId::from_cluster_sequence(state.store.next_cluster_conn_id().await.map_err(ApiError::from)?)
+    } else {
+        state.delivery.routes().next_conn_id()
+    };
     let max_frame = state.config.ws.max_frame_bytes;
-    let oversized = Rc::new(Cell::new(false));
-    let stream = FrameLimit::new(stream, max_frame, oversized.clone());
+    let fault = Rc::new(Cell::new(None));
+    let stream = FrameLimit::new(stream, max_frame, fault.clone());
     let session = WsSession {
         state: state.clone(),
         owner,
@@ -67,7 +69,7 @@ pub async fn upgrade(
         turns: Rc::new(Semaphore::new(state.config.ws.max_concurrent.max(1))),
         closing: None,
         fragments: None,
-        oversized,
+        fault,
         heads: Arc::default(),
     };
     // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
@@ -95,9 +97,9 @@ pub struct WsSession {
     closing: Option<KickReason>,
     /// A fragmented text message being reassembled.
     fragments: Option<Vec<u8>>,
-    /// Set by [`FrameLimit`] when a frame header announced more than
-    /// `ws_max_frame_bytes`: the error that follows closes with 1009.
-    oversized: Rc<Cell<bool>>,
+    /// Set by [`FrameLimit`] when it failed the byte stream: the error that
+    /// follows says why (1009 for an oversized frame).
+    fault: Rc<Cell<Option<StreamFault>>>,
     /// `pull`-mode heads delivery queued for this connection (`Push::Head`).
     heads: Arc<PendingHeads>,
 }
@@ -211,6 +213,13 @@ impl WsSession {
 
     fn close_oversized(&mut self, max: usize, ctx: &mut ws::WebsocketContext<Self>) {
         ctx.close(Some(CloseReason { code: CloseCode::Size, description: Some(format!("frame over {max} bytes")) }));
+        ctx.stop();
+    }
+
+    /// RFC 6455 §8.1: a text message that is not UTF-8 fails the connection
+    /// (1007), whole or fragmented (PROTOCOL §4).
+    fn close_not_utf8(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        ctx.close(Some(CloseReason { code: CloseCode::Invalid, description: Some("text frame is not UTF-8".into()) }));
         ctx.stop();
     }
 
@@ -345,7 +354,7 @@ impl StreamHandler<Result<ws::Message, ProtocolError>> for WsSession {
                     let whole = self.fragments.take().unwrap_or_default();
                     match String::from_utf8(whole) {
                         Ok(text) => self.on_text(&text, ctx),
-                        Err(_) => Self::reply(ctx, None, Err(ApiError::bad_request("a text message must be UTF-8"))),
+                        Err(_) => self.close_not_utf8(ctx),
                     }
                 }
             }
@@ -355,9 +364,13 @@ impl StreamHandler<Result<ws::Message, ProtocolError>> for WsSession {
                 ctx.close(reason);
                 ctx.stop();
             }
-            Err(_) if self.oversized.get() => self.close_oversized(max, ctx),
+            Err(_) if self.fault.get() == Some(StreamFault::Oversized) => self.close_oversized(max, ctx),
             // The codec's own limit (same size): kept as a second line.
             Err(ProtocolError::Overflow) => self.close_oversized(max, ctx),
+            // actix-web-actors makes an `Io` error of two things only: a failed
+            // byte stream (which `FrameLimit` saw first) and a text frame that is
+            // not UTF-8.
+            Err(ProtocolError::Io(_)) if self.fault.get().is_none() => self.close_not_utf8(ctx),
             Err(e) => {
                 tracing::debug!(conn = %self.conn_id, error = %e, "websocket protocol error");
                 ctx.close(Some(CloseReason { code: CloseCode::Protocol, description: None }));
@@ -394,6 +407,15 @@ impl Handler<Push> for WsSession {
     }
 }
 
+/// Why [`FrameLimit`] failed the byte stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamFault {
+    /// A frame header announced more than the limit.
+    Oversized,
+    /// The connection's payload stream itself failed.
+    Payload,
+}
+
 /// The request byte stream with frame sizes checked as their headers pass.
 ///
 /// actix-http's decoder checks its `max_size` only once the whole frame is
@@ -406,7 +428,7 @@ impl Handler<Push> for WsSession {
 struct FrameLimit<S> {
     inner: S,
     max: usize,
-    oversized: Rc<Cell<bool>>,
+    fault: Rc<Cell<Option<StreamFault>>>,
     /// Bytes of the current frame header seen so far (at most 14).
     header: [u8; 14],
     header_len: usize,
@@ -415,8 +437,8 @@ struct FrameLimit<S> {
 }
 
 impl<S> FrameLimit<S> {
-    fn new(inner: S, max: usize, oversized: Rc<Cell<bool>>) -> Self {
-        Self { inner, max, oversized, header: [0; 14], header_len: 0, payload_left: 0 }
+    fn new(inner: S, max: usize, fault: Rc<Cell<Option<StreamFault>>>) -> Self {
+        Self { inner, max, fault, header: [0; 14], header_len: 0, payload_left: 0 }
     }
 
     /// Length of the header so far, once complete: its size and the payload length.
@@ -466,7 +488,7 @@ impl<S: Stream<Item = Result<Bytes, PayloadError>> + Unpin> Stream for FrameLimi
     type Item = Result<Bytes, PayloadError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.oversized.get() {
+        if self.fault.get() == Some(StreamFault::Oversized) {
             return Poll::Ready(None);
         }
         match Pin::new(&mut self.inner).poll_next(cx) {
@@ -474,9 +496,13 @@ impl<S: Stream<Item = Result<Bytes, PayloadError>> + Unpin> Stream for FrameLimi
                 if self.scan(&chunk) {
                     Poll::Ready(Some(Ok(chunk)))
                 } else {
-                    self.oversized.set(true);
+                    self.fault.set(Some(StreamFault::Oversized));
                     Poll::Ready(Some(Err(PayloadError::Overflow)))
                 }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.fault.set(Some(StreamFault::Payload));
+                Poll::Ready(Some(Err(e)))
             }
             other => other,
         }

@@ -9,6 +9,7 @@ mod cluster_harness;
 mod commit_isolation;
 mod commit_stall;
 mod db_outage;
+mod edge_rules;
 mod embedded_pg;
 #[macro_use]
 mod env;

@@ -142,7 +142,7 @@ impl Server {
         extra_env: &[(String, String)],
     ) -> Result<Self, BoxError> {
         let port = imcore_client::free_port()?;
-        let admin = format!("bench-admin-{:x}", rand::random::<u64>());
+        let admin = format!("bench-admin-{:032x}", rand::random::<u128>());
         let log = std::fs::File::create(log)?;
         let mut cmd = Command::new(bin);
         cmd.env("IMCORE_WRITE_PATH", write_path)
