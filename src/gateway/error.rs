@@ -110,7 +110,13 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         self.count();
-        HttpResponse::build(self.status_code()).json(json!({ "error": self.0 }))
+        let mut response = HttpResponse::build(self.status_code());
+        // A body that never came, or a client over its connection cap: this
+        // connection is not kept for another request.
+        if matches!(self.0.code, ErrorCode::RequestTimeout | ErrorCode::TooManyConnections) {
+            response.force_close();
+        }
+        response.json(json!({ "error": self.0 }))
     }
 }
 

@@ -3,6 +3,8 @@
 //! cannot redirect a request to another conversation) — and goes through the
 //! same [`ops::dispatch`] as a WebSocket frame.
 
+use std::time::Duration;
+
 use actix_web::http::header::ContentType;
 use actix_web::http::{header, Method, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, Resource, Route};
@@ -21,9 +23,27 @@ use crate::store::TokenOwner;
 /// like the WebSocket frame limit).
 pub const MAX_HTTP_BODY_BYTES: usize = 64 * 1024;
 
-/// Reads a JSON object body (empty body: no fields). Over the limit →
-/// `PAYLOAD_TOO_LARGE`; not a JSON object → `BAD_REQUEST`.
-pub async fn json_object(mut payload: web::Payload) -> Result<Map<String, Value>, ApiError> {
+/// Reads a JSON object body (empty body: no fields) within `timeout`. Over
+/// the limit → `PAYLOAD_TOO_LARGE`; not a JSON object → `BAD_REQUEST`; not
+/// all there in time → `REQUEST_TIMEOUT` (and the connection is closed).
+pub async fn json_object(payload: web::Payload, timeout: Option<Duration>) -> Result<Map<String, Value>, ApiError> {
+    let bytes = match timeout {
+        None => read_body(payload).await?,
+        Some(t) => tokio::time::timeout(t, read_body(payload)).await.map_err(|_| {
+            ApiError::new(ErrorCode::RequestTimeout, format!("the request body did not arrive within {} ms", t.as_millis()))
+        })??,
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_request("the body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
+    }
+}
+
+async fn read_body(mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
     let mut bytes = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
@@ -35,19 +55,13 @@ pub async fn json_object(mut payload: web::Payload) -> Result<Map<String, Value>
         }
         bytes.extend_from_slice(&chunk);
     }
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad_request("the body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
-    }
+    Ok(bytes)
 }
 
 /// Body fields, then query parameters, then path parameters.
 pub async fn fields(req: &HttpRequest, payload: web::Payload) -> Result<Map<String, Value>, ApiError> {
-    let mut fields = json_object(payload).await?;
+    let timeout = req.app_data::<web::Data<AppState>>().and_then(|s| s.config.limits.body_timeout());
+    let mut fields = json_object(payload, timeout).await?;
     let query = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
         .map_err(|e| ApiError::bad_request(format!("query string: {e}")))?;
     for (k, v) in query.into_inner() {

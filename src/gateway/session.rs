@@ -28,7 +28,9 @@
 //!   buffer is over its size limit, so a client that does not read backs the
 //!   pushes up into the bounded mailbox, not into memory. Each queued push
 //!   also holds its bytes of the global memory budget until written; a push
-//!   that does not fit closes the connection the same way.
+//!   that does not fit closes the connection the same way. Replies to reads
+//!   are bounded in bytes too (`outbound`): refused `OVERLOADED` while the
+//!   connection has `ws.max_unwritten_bytes` unwritten, budgeted until written.
 //! * Heartbeat: a ping every `ws_ping_ms`; silence for `ws_timeout_ms` closes.
 
 use std::cell::Cell;
@@ -48,8 +50,10 @@ use imcore_actors::registry::{ConnId, Registered};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
+use super::caps::UserSlot;
 use super::error::ApiError;
 use super::ops::{self, Reply};
+use super::outbound::{Outbound, Written};
 use super::request::Request;
 use super::{auth, AppState};
 use crate::delivery::{Conn, KickReason, PendingHeads, Push};
@@ -75,9 +79,11 @@ pub async fn upgrade(
     if state.shutting_down() {
         return Err(ApiError::new(ErrorCode::Overloaded, "the server is shutting down").into());
     }
+    let user_slot = state.per_user.admit(&owner.user_id, &owner.device_id)?;
     let max_frame = state.config.ws.max_frame_bytes;
     let oversized = Rc::new(Cell::new(false));
     let stream = FrameLimit::new(stream, max_frame, oversized.clone());
+    let outbound = Outbound::new(state.config.ws.max_unwritten_bytes, &state.budget);
     let session = WsSession {
         state: state.clone(),
         owner,
@@ -90,12 +96,14 @@ pub async fn upgrade(
         fragments: None,
         oversized,
         heads: Arc::default(),
+        outbound: outbound.clone(),
+        _user_slot: user_slot,
     };
     // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
-    let response = ws::WsResponseBuilder::new(session, &req, stream)
-        .frame_size(max_frame)
-        .start()
-        .map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
+    let mut response =
+        ws::handshake(&req).map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
+    let frames = ws::WebsocketContext::with_codec(session, stream, actix_http::ws::Codec::new().max_size(max_frame));
+    let response = response.streaming(Written::new(frames, outbound));
     metrics().ws_accepted.inc();
     Ok(response)
 }
@@ -121,6 +129,10 @@ pub struct WsSession {
     oversized: Rc<Cell<bool>>,
     /// `pull`-mode heads delivery queued for this connection (`Push::Head`).
     heads: Arc<PendingHeads>,
+    /// What this connection has not yet written to its socket.
+    outbound: Rc<Outbound>,
+    /// This device's place in its user's session cap, given back when the session ends.
+    _user_slot: UserSlot,
 }
 
 impl Actor for WsSession {
@@ -292,18 +304,47 @@ impl WsSession {
             Request::Send { .. } | Request::Ping | Request::WhoAmI => None,
             _ => Some(self.turns.clone()),
         };
+        // A read's reply can be large and is asked again at no cost: it is
+        // refused while this connection's unwritten bytes are over the cap,
+        // and charged to the memory budget until written.
+        let read = matches!(
+            req,
+            Request::Sync(_)
+                | Request::GetConversation { .. }
+                | Request::Conversations { .. }
+                | Request::ConversationsSince { .. }
+                | Request::Members { .. }
+                | Request::Applications { .. }
+        );
         let answer = ops::dispatch(&self.state, &self.owner, req, "ws");
         self.inflight += 1;
-        let session = ctx.address();
+        let (session, outbound) = (ctx.address(), self.outbound.clone());
         actix::spawn(async move {
             // Never closed, so this always yields a permit, held until answered.
             let _turn = match &turns {
                 Some(turns) => Some(turns.acquire().await),
                 None => None,
             };
-            let result = answer.await;
+            let (result, bytes) = if read && outbound.over() {
+                // Dropped unpolled: the read does no work.
+                drop(answer);
+                let max = outbound.max();
+                (Err(ApiError::new(ErrorCode::Overloaded, format!("over {max} bytes of replies unread on this connection"))), 0)
+            } else {
+                match answer.await {
+                    Ok(reply) if read && !outbound.answered(reply.json.len()) => {
+                        let e = ApiError::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later");
+                        (Err(e), 0)
+                    }
+                    Ok(reply) => {
+                        let bytes = if read { reply.json.len() } else { 0 };
+                        (Ok(reply), bytes)
+                    }
+                    Err(e) => (Err(e), 0),
+                }
+            };
             // Queued even past the mailbox capacity: at most `inflight` of them.
-            session.do_send(Answered { id, result });
+            session.do_send(Answered { id, result, bytes });
         });
     }
 }
@@ -314,6 +355,8 @@ impl WsSession {
 struct Answered {
     id: Value,
     result: Result<Reply, ApiError>,
+    /// Counted in [`Outbound`] until handed to the context.
+    bytes: usize,
 }
 
 impl Handler<Answered> for WsSession {
@@ -322,6 +365,7 @@ impl Handler<Answered> for WsSession {
     fn handle(&mut self, answered: Answered, ctx: &mut Self::Context) {
         self.inflight -= 1;
         Self::reply(ctx, Some(&answered.id), answered.result);
+        self.outbound.handed(answered.bytes);
         if self.inflight == 0 {
             if let Some(reason) = self.closing {
                 self.kick(reason, ctx);
