@@ -1,7 +1,7 @@
 //! Connection caps: TCP connections per IP address, counted at accept and
 //! refused there, and WebSocket devices per user, counted at the upgrade.
 //! A slot is held by the connection (or session) and given back when it is
-//! dropped, so a count is always the number of live holders (ARCHITECTURE §8).
+//! dropped, so a count is always the number of live holders (ARCHITECTURE §5).
 
 use std::any::Any;
 use std::collections::HashMap;

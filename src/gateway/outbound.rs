@@ -2,7 +2,7 @@
 //! answered and waiting in the session's mailbox, and encoded frames the
 //! socket writer has not taken. Over `ws.max_unwritten_bytes`, the session
 //! refuses read requests `OVERLOADED` before they run; the bytes of their
-//! replies are charged to the memory budget until written (ARCHITECTURE §8).
+//! replies are charged to the memory budget until written (ARCHITECTURE §5).
 
 use std::cell::{Cell, RefCell};
 use std::pin::Pin;
