@@ -81,12 +81,12 @@ impl Application {
                 .app_data(app_state.clone())
                 .configure(gateway::routes)
         })
-            .on_connect(move |io, ext| per_ip.on_connect(io, ext))
-            // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.
-            .disable_signals()
-            // Small frames (acks, pushes) must not wait out Nagle against the peer's delayed ACK.
-            .tcp_nodelay(true)
-            .shutdown_timeout(SHUTDOWN_GRACE.as_secs());
+        .on_connect(move |io, ext| per_ip.on_connect(io, ext))
+        // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.
+        .disable_signals()
+        // Small frames (acks, pushes) must not wait out Nagle against the peer's delayed ACK.
+        .tcp_nodelay(true)
+        .shutdown_timeout(SHUTDOWN_GRACE.as_secs());
         if workers > 0 {
             http = http.workers(workers);
         }

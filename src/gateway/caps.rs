@@ -12,8 +12,8 @@ use std::sync::Arc;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Extensions, ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
-use actix_web::HttpResponse;
 use actix_web::rt::net::TcpStream;
+use actix_web::HttpResponse;
 use dashmap::DashMap;
 use imcore_actors::{DeviceId, UserId};
 use serde_json::json;
@@ -190,7 +190,8 @@ mod tests {
         assert!(ips.open.is_empty(), "no entry left behind");
 
         let users = PerUser::new(1);
-        let (u, d1, d2) = (UserId::parse("u").expect("id"), DeviceId::parse("d1").expect("id"), DeviceId::parse("d2").expect("id"));
+        let (u, d1, d2) =
+            (UserId::parse("u").expect("id"), DeviceId::parse("d1").expect("id"), DeviceId::parse("d2").expect("id"));
         let first = users.admit(&u, &d1).expect("first device");
         assert_eq!(users.admit(&u, &d2).err().map(|e| e.code()), Some(ErrorCode::TooManyConnections));
         let again = users.admit(&u, &d1).expect("the same device replacing itself");

@@ -3,10 +3,13 @@
 //! cannot redirect a request to another conversation) — and goes through the
 //! same [`ops::dispatch`] as a WebSocket frame.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
+use actix_web::body::SizedStream;
 use actix_web::http::header::ContentType;
 use actix_web::http::{header, Method, StatusCode};
+use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse, Resource, Route};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
@@ -14,6 +17,7 @@ use serde_json::{json, Map, Value};
 use super::error::ApiError;
 use super::group;
 use super::ops;
+use super::outbound::{Outbound, Written};
 use super::request::Request;
 use super::{auth, AppState};
 use crate::protocol::ErrorCode;
@@ -30,7 +34,10 @@ pub async fn json_object(payload: web::Payload, timeout: Option<Duration>) -> Re
     let bytes = match timeout {
         None => read_body(payload).await?,
         Some(t) => tokio::time::timeout(t, read_body(payload)).await.map_err(|_| {
-            ApiError::new(ErrorCode::RequestTimeout, format!("the request body did not arrive within {} ms", t.as_millis()))
+            ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!("the request body did not arrive within {} ms", t.as_millis()),
+            )
         })??,
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -103,9 +110,24 @@ async fn call_with(
     let fields = fields(&req, payload).await?;
     let op = op_of(&fields, &caller)?;
     let parsed = Request::parse(op, &fields, state.config.max_body_bytes)?;
+    let read = parsed.is_read();
     let reply = ops::dispatch(&state, &caller, parsed, "http").await?;
     let status = if reply.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(HttpResponse::build(status).content_type(ContentType::json()).body(reply.json))
+    let mut response = HttpResponse::build(status);
+    response.content_type(ContentType::json());
+    if !read {
+        return Ok(response.body(reply.json));
+    }
+    // As over WebSocket, a read's reply holds its bytes of the memory budget
+    // until the socket writer has taken them (a client that does not read).
+    let len = reply.json.len();
+    let outbound = Outbound::new(0, &state.budget);
+    if !outbound.answered(len) {
+        return Err(ApiError::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later"));
+    }
+    outbound.handed(len);
+    let body = Written::new(futures_util::stream::iter([Ok::<_, Infallible>(Bytes::from(reply.json))]), outbound);
+    Ok(response.body(SizedStream::new(len as u64, body)))
 }
 
 /// A resource answering `routes`; any other method gets 405 with `Allow` and

@@ -3,6 +3,7 @@
 //! socket writer has not taken. Over `ws.max_unwritten_bytes`, the session
 //! refuses read requests `OVERLOADED` before they run; the bytes of their
 //! replies are charged to the memory budget until written (ARCHITECTURE §5).
+//! An HTTP read's reply is charged the same way, on an uncapped `Outbound`.
 
 use std::cell::{Cell, RefCell};
 use std::pin::Pin;

@@ -307,15 +307,7 @@ impl WsSession {
         // A read's reply can be large and is asked again at no cost: it is
         // refused while this connection's unwritten bytes are over the cap,
         // and charged to the memory budget until written.
-        let read = matches!(
-            req,
-            Request::Sync(_)
-                | Request::GetConversation { .. }
-                | Request::Conversations { .. }
-                | Request::ConversationsSince { .. }
-                | Request::Members { .. }
-                | Request::Applications { .. }
-        );
+        let read = req.is_read();
         let answer = ops::dispatch(&self.state, &self.owner, req, "ws");
         self.inflight += 1;
         let (session, outbound) = (ctx.address(), self.outbound.clone());
@@ -329,11 +321,20 @@ impl WsSession {
                 // Dropped unpolled: the read does no work.
                 drop(answer);
                 let max = outbound.max();
-                (Err(ApiError::new(ErrorCode::Overloaded, format!("over {max} bytes of replies unread on this connection"))), 0)
+                (
+                    Err(ApiError::new(
+                        ErrorCode::Overloaded,
+                        format!("over {max} bytes of replies unread on this connection"),
+                    )),
+                    0,
+                )
             } else {
                 match answer.await {
                     Ok(reply) if read && !outbound.answered(reply.json.len()) => {
-                        let e = ApiError::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later");
+                        let e = ApiError::new(
+                            ErrorCode::Overloaded,
+                            "the server's memory budget is exhausted; retry later",
+                        );
                         (Err(e), 0)
                     }
                     Ok(reply) => {

@@ -189,13 +189,12 @@ async fn bodies_that_never_arrive_are_answered_request_timeout_and_their_connect
     let mut stalled = stalled_posts(&control, &mallory, CONTROL_CONNS).await;
     tokio::time::sleep(Duration::from_millis(TIMEOUT_MS + 1_000)).await;
     let still_held = control.state.per_ip.open(LOOPBACK);
-    let still_open = futures_util::future::join_all(
-        stalled.iter_mut().map(|c| read_until_closed(c, Duration::from_millis(50))),
-    )
-    .await
-    .iter()
-    .filter(|a| a.is_none())
-    .count();
+    let still_open =
+        futures_util::future::join_all(stalled.iter_mut().map(|c| read_until_closed(c, Duration::from_millis(50))))
+            .await
+            .iter()
+            .filter(|a| a.is_none())
+            .count();
 
     let pass = held >= CONNS
         && timed_out == CONNS
@@ -243,9 +242,11 @@ async fn connections_past_the_per_ip_cap_are_refused_at_accept_and_other_address
     let full = until(Duration::from_secs(5), || per_ip.open(LOOPBACK) == CAP).await;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let (refused, other, slowest_ms) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (refused, other, slowest_ms) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let attack = {
-        let (stop, refused, other, slowest_ms, port) = (stop.clone(), refused.clone(), other.clone(), slowest_ms.clone(), s.port);
+        let (stop, refused, other, slowest_ms, port) =
+            (stop.clone(), refused.clone(), other.clone(), slowest_ms.clone(), s.port);
         tokio::spawn(async move {
             let mut sample = None;
             while !stop.load(Ordering::Relaxed) {
@@ -360,7 +361,12 @@ async fn a_users_devices_past_the_per_user_cap_are_refused_and_a_device_replacin
 
 /// A raw WebSocket client with a tiny receive buffer that sends `count`
 /// big syncs of `conv` and never reads them.
-async fn never_reading(port: u16, token: &str, conv: &str, count: usize) -> tokio_tungstenite::WebSocketStream<TcpStream> {
+async fn never_reading(
+    port: u16,
+    token: &str,
+    conv: &str,
+    count: usize,
+) -> tokio_tungstenite::WebSocketStream<TcpStream> {
     let socket = TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
     let tcp = socket.connect(([127, 0, 0, 1], port).into()).await.expect("connect");
@@ -414,7 +420,8 @@ async fn unread_syncs(s: &TestServer, devices: usize, syncs: usize) -> Value {
             rss_peak
         })
     };
-    let attackers = futures_util::future::join_all(tokens.iter().map(|t| never_reading(s.port, t, &attacked, syncs))).await;
+    let attackers =
+        futures_util::future::join_all(tokens.iter().map(|t| never_reading(s.port, t, &attacked, syncs))).await;
     let (latency, victim_failed) = victim(&mut ana, &conv, "us", 100).await;
     // The work taken on for the attackers finishes although nothing is read.
     let mut running = metric(s, "imcore_requests_running").await;
@@ -490,4 +497,71 @@ async fn devices_that_never_read_their_sync_replies_hold_a_bounded_number_of_byt
         && n(&capped, "other_user_failed") == 0
         && n(&uncapped, "budget_peak_bytes") > (CONTROL_DEVICES as u64) * 32 * 1024 * 1024;
     assert!(check.resolve(json!({"capped": capped, "control_uncapped": uncapped}), pass));
+}
+
+#[actix_web::test]
+async fn http_sync_replies_nobody_reads_hold_the_memory_budget_until_written() {
+    const CONNS: usize = 8;
+    const PIPELINED: usize = 8;
+    const BUDGET: usize = 3 * 1024 * 1024;
+    let check = Check::start(
+        SUITE,
+        "16-bound-unread-sync",
+        "http",
+        "budget 3 MiB: 8 connections each pipeline 8 GETs of a ~1 MB sync page and never read: the replies \
+         held (budget gauge) stay within the 3 MiB, the pages that do not fit are answered 503 OVERLOADED; once \
+         read, every request was answered and the gauge returns to 0",
+    );
+    let s = TestServer::with(|c| c.limits.memory_budget_bytes = BUDGET).await;
+    let (eve, _ana, _) = cast(&s).await;
+    let attacked = s.direct(&eve, "u-ana").await;
+    let mut filler = s.ws(&eve).await;
+    let text = "x".repeat(15_000);
+    for i in 0..80 {
+        assert_eq!(filler.request("send", send_fields(&attacked, &format!("h{i}"), &text)).await["ok"], json!(true));
+    }
+    filler.close().await;
+    // Pipelined, so that what the kernel's send buffer takes (a few MB) does not hide the rest.
+    let get = |close: &str| {
+        format!(
+            "GET /v1/conversations/{attacked}/events?after_seq=0&limit=1000 HTTP/1.1\r\nhost: imcore\r\n\
+             authorization: Bearer {eve}\r\n{close}\r\n"
+        )
+    };
+    let head = [get("").repeat(PIPELINED - 1), get("connection: close\r\n")].concat();
+    let mut conns = vec![];
+    for _ in 0..CONNS {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let mut c = socket.connect(([127, 0, 0, 1], s.port).into()).await.expect("connect");
+        c.write_all(head.as_bytes()).await.expect("request");
+        conns.push(c);
+    }
+    let mut peak = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        peak = peak.max(s.state.budget.in_use());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let held = s.state.budget.in_use();
+    let answers =
+        futures_util::future::join_all(conns.iter_mut().map(|c| read_until_closed(c, Duration::from_secs(20)))).await;
+    let all: String = answers.iter().flatten().map(String::as_str).collect();
+    let (ok, overloaded) = (all.matches("HTTP/1.1 200").count(), all.matches("HTTP/1.1 503").count());
+    let overloaded_code = all.matches("\"OVERLOADED\"").count();
+    let drained = until(Duration::from_secs(5), || s.state.budget.in_use() == 0).await;
+
+    let pass = peak <= BUDGET
+        && held > 0
+        && ok > 0
+        && overloaded > 0
+        && overloaded_code == overloaded
+        && ok + overloaded == CONNS * PIPELINED
+        && drained;
+    assert!(check.resolve(
+        json!({"connections": CONNS, "budget": BUDGET, "budget_peak_bytes": peak, "held_while_unread": held,
+               "pipelined_each": PIPELINED, "answered_200": ok, "answered_503_overloaded": overloaded,
+               "budget_back_after_reading": drained}),
+        pass,
+    ));
 }
