@@ -31,6 +31,11 @@ impl ApiError {
         Self::new(ErrorCode::Unauthorized, "missing, unknown or revoked token")
     }
 
+    /// The memory budget cannot hold what the request needs (`budget.rs`).
+    pub fn budget_exhausted() -> Self {
+        Self::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later")
+    }
+
     pub fn internal() -> Self {
         Self::new(ErrorCode::Internal, "internal error; the request may or may not have taken effect")
     }

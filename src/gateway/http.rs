@@ -123,7 +123,7 @@ async fn call_with(
     let len = reply.json.len();
     let outbound = Outbound::new(0, &state.budget);
     if !outbound.answered(len) {
-        return Err(ApiError::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later"));
+        return Err(ApiError::budget_exhausted());
     }
     outbound.handed(len);
     let body = Written::new(futures_util::stream::iter([Ok::<_, Infallible>(Bytes::from(reply.json))]), outbound);

@@ -331,10 +331,7 @@ impl WsSession {
             } else {
                 match answer.await {
                     Ok(reply) if read && !outbound.answered(reply.json.len()) => {
-                        let e = ApiError::new(
-                            ErrorCode::Overloaded,
-                            "the server's memory budget is exhausted; retry later",
-                        );
+                        let e = ApiError::budget_exhausted();
                         (Err(e), 0)
                     }
                     Ok(reply) => {
