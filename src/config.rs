@@ -296,6 +296,18 @@ pub struct WsSettings {
     )]
     pub max_inflight: usize,
 
+    /// WebSocket: bytes of replies and frames one connection has waiting to be
+    /// written to its socket; while over it, its requests that read the
+    /// database answer `OVERLOADED` without running (a client that does not
+    /// read cannot make the server hold its replies).
+    #[arg(
+        long = "ws-max-unwritten-bytes",
+        value_name = "BYTES",
+        env = "IMCORE_WS_MAX_UNWRITTEN_BYTES",
+        default_value_t = WsSettings::default().max_unwritten_bytes
+    )]
+    pub max_unwritten_bytes: usize,
+
     /// WebSocket: requests of one connection doing database work at once
     /// (sends excepted); the rest of its in-flight requests wait their turn,
     /// so one connection holds at most this many pooled connections.
@@ -317,6 +329,7 @@ impl Default for WsSettings {
             mailbox: 256,
             max_inflight: 64,
             max_concurrent: 4,
+            max_unwritten_bytes: 2 * 1024 * 1024,
         }
     }
 }
@@ -356,11 +369,58 @@ pub struct LimitSettings {
         default_value_t = LimitSettings::default().create_per_minute
     )]
     pub create_per_minute: u32,
+
+    /// Ms to read an HTTP request body, from when its handler starts reading;
+    /// past it `REQUEST_TIMEOUT` and the connection is closed. The head has
+    /// actix-web's own 5 s. 0: no limit.
+    #[arg(
+        long = "body-timeout-ms",
+        value_name = "MS",
+        env = "IMCORE_BODY_TIMEOUT_MS",
+        default_value_t = LimitSettings::default().body_timeout_ms
+    )]
+    pub body_timeout_ms: u64,
+
+    /// TCP connections (HTTP and WebSocket) open at once from one IP address,
+    /// loopback included; past it a new connection is answered
+    /// `TOO_MANY_CONNECTIONS` and closed at once. 0: no limit (behind a
+    /// proxy every client has the proxy's address: cap there instead).
+    #[arg(
+        long = "max-connections-per-ip",
+        value_name = "COUNT",
+        env = "IMCORE_MAX_CONNECTIONS_PER_IP",
+        default_value_t = LimitSettings::default().max_connections_per_ip
+    )]
+    pub max_connections_per_ip: usize,
+
+    /// Devices of one user with a WebSocket session at once; past it an
+    /// upgrade of another device is refused `TOO_MANY_CONNECTIONS` (a device
+    /// reconnecting replaces its own session and is always let in). 0: no limit.
+    #[arg(
+        long = "max-connections-per-user",
+        value_name = "COUNT",
+        env = "IMCORE_MAX_CONNECTIONS_PER_USER",
+        default_value_t = LimitSettings::default().max_connections_per_user
+    )]
+    pub max_connections_per_user: usize,
 }
 
 impl Default for LimitSettings {
     fn default() -> Self {
-        Self { memory_budget_bytes: 512 * 1024 * 1024, create_per_minute: 60 }
+        Self {
+            memory_budget_bytes: 512 * 1024 * 1024,
+            create_per_minute: 60,
+            body_timeout_ms: 10_000,
+            max_connections_per_ip: 1024,
+            max_connections_per_user: 128,
+        }
+    }
+}
+
+impl LimitSettings {
+    /// The body read timeout, `None` for none.
+    pub fn body_timeout(&self) -> Option<Duration> {
+        (self.body_timeout_ms > 0).then(|| Duration::from_millis(self.body_timeout_ms))
     }
 }
 

@@ -5,11 +5,13 @@
 //! # Layout
 //! * `auth` — device and admin bearer tokens, refusals remembered briefly;
 //!   `admin_guard` — the budget of failed admin authentications per address.
+//! * `caps` — connections per IP address and WebSocket devices per user.
 //! * `create_rate` — the per-user limit on conversations created per minute.
 //! * `request` — a device request parsed and checked at the edge.
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
-//! * `session` — the WebSocket actor (the only user of `actix-web-actors`).
+//! * `session` — the WebSocket actor (the only user of `actix-web-actors`);
+//!   `outbound` — its bytes not yet written, capped and charged to the budget.
 //! * `health` — `/healthz`, `/readyz`; `/metrics` is here.
 //! * `client` — the web client at `/`, embedded in the binary.
 //!
@@ -22,6 +24,7 @@
 mod admin;
 mod admin_guard;
 mod auth;
+pub mod caps;
 mod client;
 mod create_rate;
 mod error;
@@ -30,6 +33,7 @@ mod group;
 mod health;
 mod http;
 pub mod ops;
+mod outbound;
 mod request;
 mod session;
 
@@ -71,6 +75,10 @@ pub struct AppState {
     /// Bytes of bodies queued on the writer and of pushes queued for
     /// connections, all clients together (`limits.memory_budget_bytes`).
     pub budget: Arc<MemoryBudget>,
+    /// TCP connections per peer address, counted from accept (`on_connect`).
+    pub per_ip: Arc<caps::PerIp>,
+    /// Devices in WebSocket session per user.
+    pub per_user: Arc<caps::PerUser>,
     create_rate: create_rate::CreateRate,
     refused_tokens: auth::RefusedTokens,
     admin_guard: admin_guard::AdminGuard,
@@ -95,6 +103,8 @@ impl AppState {
             admin_token,
             sessions: DashMap::new(),
             budget: MemoryBudget::new(config.limits.memory_budget_bytes),
+            per_ip: caps::PerIp::new(config.limits.max_connections_per_ip),
+            per_user: caps::PerUser::new(config.limits.max_connections_per_user),
             create_rate: create_rate::CreateRate::new(config.limits.create_per_minute),
             refused_tokens: auth::RefusedTokens::default(),
             admin_guard: admin_guard::AdminGuard::default(),

@@ -108,6 +108,20 @@ impl Request {
         }
     }
 
+    /// A read: changes nothing, so its reply (which may be large) can be
+    /// refused `OVERLOADED` and asked again at no cost (ARCHITECTURE §5).
+    pub fn is_read(&self) -> bool {
+        matches!(
+            self,
+            Request::Sync(_)
+                | Request::GetConversation { .. }
+                | Request::Conversations { .. }
+                | Request::ConversationsSince { .. }
+                | Request::Members { .. }
+                | Request::Applications { .. }
+        )
+    }
+
     /// The conversation the request is about, if one.
     pub fn conv(&self) -> Option<&ConvId> {
         match self {

@@ -8,8 +8,9 @@
 //! removed by compare-and-remove when it stops (P7).
 //! Bounded per connection: requests in flight (`ws.max_inflight`) and doing
 //! database work (`ws.max_concurrent`), pushes in the mailbox (`ws.mailbox`;
-//! overflow closes with 1013) and in the memory budget; a ping every
-//! `ws_ping_ms`, silence for `ws_timeout_ms` closes. Why: ARCHITECTURE §5.
+//! overflow closes with 1013) and in the memory budget, unwritten read replies
+//! (`ws.max_unwritten_bytes`, `outbound`); a ping every `ws_ping_ms`, silence
+//! for `ws_timeout_ms` closes. Why: ARCHITECTURE §5.
 
 use std::cell::Cell;
 use std::pin::Pin;
@@ -28,8 +29,10 @@ use imcore_actors::registry::{ConnId, Registered};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
+use super::caps::UserSlot;
 use super::error::ApiError;
 use super::ops::{self, Reply};
+use super::outbound::{Outbound, Written};
 use super::request::Request;
 use super::{auth, AppState};
 use crate::delivery::{Conn, KickReason, PendingHeads, Push};
@@ -48,9 +51,10 @@ pub async fn upgrade(
     if state.shutting_down() {
         return Err(ApiError::new(ErrorCode::Overloaded, "the server is shutting down").into());
     }
-    // Allocated once authenticated (a refused upgrade costs no `nextval`): the
-    // id order is the order connections were admitted (P7); with several
-    // nodes, the order of the whole cluster's connections.
+    let user_slot = state.per_user.admit(&owner.user_id, &owner.device_id)?;
+    // Allocated once admitted (a refused upgrade costs no `nextval`): the id
+    // order is the order connections were admitted (P7); with several nodes,
+    // the order of the whole cluster's connections.
     let conn_id = if state.delivery.clustered() {
         ConnId::from_cluster_sequence(state.store.next_cluster_conn_id().await.map_err(ApiError::from)?)
     } else {
@@ -59,6 +63,7 @@ pub async fn upgrade(
     let max_frame = state.config.ws.max_frame_bytes;
     let fault = Rc::new(Cell::new(None));
     let stream = FrameLimit::new(stream, max_frame, fault.clone());
+    let outbound = Outbound::new(state.config.ws.max_unwritten_bytes, &state.budget);
     let session = WsSession {
         state: state.clone(),
         owner,
@@ -71,12 +76,14 @@ pub async fn upgrade(
         fragments: None,
         fault,
         heads: Arc::default(),
+        outbound: outbound.clone(),
+        _user_slot: user_slot,
     };
     // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
-    let response = ws::WsResponseBuilder::new(session, &req, stream)
-        .frame_size(max_frame)
-        .start()
-        .map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
+    let mut response =
+        ws::handshake(&req).map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
+    let frames = ws::WebsocketContext::with_codec(session, stream, actix_http::ws::Codec::new().max_size(max_frame));
+    let response = response.streaming(Written::new(frames, outbound));
     metrics().ws_accepted.inc();
     Ok(response)
 }
@@ -102,6 +109,10 @@ pub struct WsSession {
     fault: Rc<Cell<Option<StreamFault>>>,
     /// `pull`-mode heads delivery queued for this connection (`Push::Head`).
     heads: Arc<PendingHeads>,
+    /// What this connection has not yet written to its socket.
+    outbound: Rc<Outbound>,
+    /// This device's place in its user's session cap, given back when the session ends.
+    _user_slot: UserSlot,
 }
 
 impl Actor for WsSession {
@@ -280,18 +291,45 @@ impl WsSession {
             Request::Send { .. } | Request::Ping | Request::WhoAmI => None,
             _ => Some(self.turns.clone()),
         };
+        // A read's reply can be large and is asked again at no cost: it is
+        // refused while this connection's unwritten bytes are over the cap,
+        // and charged to the memory budget until written.
+        let read = req.is_read();
         let answer = ops::dispatch(&self.state, &self.owner, req, "ws");
         self.inflight += 1;
-        let session = ctx.address();
+        let (session, outbound) = (ctx.address(), self.outbound.clone());
         actix::spawn(async move {
             // Never closed, so this always yields a permit, held until answered.
             let _turn = match &turns {
                 Some(turns) => Some(turns.acquire().await),
                 None => None,
             };
-            let result = answer.await;
+            let (result, bytes) = if read && outbound.over() {
+                // Dropped unpolled: the read does no work.
+                drop(answer);
+                let max = outbound.max();
+                (
+                    Err(ApiError::new(
+                        ErrorCode::Overloaded,
+                        format!("over {max} bytes of replies unread on this connection"),
+                    )),
+                    0,
+                )
+            } else {
+                match answer.await {
+                    Ok(reply) if read && !outbound.answered(reply.json.len()) => {
+                        let e = ApiError::budget_exhausted();
+                        (Err(e), 0)
+                    }
+                    Ok(reply) => {
+                        let bytes = if read { reply.json.len() } else { 0 };
+                        (Ok(reply), bytes)
+                    }
+                    Err(e) => (Err(e), 0),
+                }
+            };
             // Queued even past the mailbox capacity: at most `inflight` of them.
-            session.do_send(Answered { id, result });
+            session.do_send(Answered { id, result, bytes });
         });
     }
 }
@@ -302,6 +340,8 @@ impl WsSession {
 struct Answered {
     id: Value,
     result: Result<Reply, ApiError>,
+    /// Counted in [`Outbound`] until handed to the context.
+    bytes: usize,
 }
 
 impl Handler<Answered> for WsSession {
@@ -310,6 +350,7 @@ impl Handler<Answered> for WsSession {
     fn handle(&mut self, answered: Answered, ctx: &mut Self::Context) {
         self.inflight -= 1;
         Self::reply(ctx, Some(&answered.id), answered.result);
+        self.outbound.handed(answered.bytes);
         if self.inflight == 0 {
             if let Some(reason) = self.closing {
                 self.kick(reason, ctx);

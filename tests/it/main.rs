@@ -4,6 +4,7 @@
 mod actor_flood;
 mod actor_path;
 mod admin_commands;
+mod bounds;
 mod cluster;
 mod cluster_harness;
 mod commit_isolation;
