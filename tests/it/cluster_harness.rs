@@ -1,8 +1,11 @@
 //! Several nodes for the cluster tests (ARCHITECTURE §7): a `nats-server`
 //! started from the installed binary, and the `imcore` binary itself as child
 //! processes on 127.0.0.x with port 0, all on one test database — so a node
-//! can be killed with SIGKILL like a crashed machine. A missing `nats-server`
-//! fails the test with how to install it; nothing is skipped.
+//! can be killed with SIGKILL like a crashed machine. NATS runs with
+//! authorization: only the nodes' user may publish or subscribe on
+//! `imcore.>` ([`NATS_CONFIG`]), and the nodes sign with [`CLUSTER_KEY`]. A
+//! missing `nats-server` fails the test with how to install it; nothing is
+//! skipped.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -24,6 +27,26 @@ use crate::sync_points::sample;
 
 /// Starting a node or NATS takes well under this.
 const START: Duration = Duration::from_secs(30);
+
+/// The nodes' NATS user and password, and the key they sign with.
+pub const NODE_USER: &str = "imcore-node";
+pub const NODE_PASSWORD: &str = "node-password-not-for-production";
+pub const CLUSTER_KEY: &str = "cluster-key-of-the-tests-0123456789abcdef";
+/// A NATS user that is not a node: it may use NATS, never `imcore.>`.
+pub const OUTSIDER: &str = "outsider";
+pub const OUTSIDER_PASSWORD: &str = "outsider-password";
+
+/// The test server's configuration: the README's recipe.
+pub const NATS_CONFIG: &str = r#"
+authorization {
+  users = [
+    { user: "imcore-node", password: "node-password-not-for-production",
+      permissions: { publish: ["imcore.>"], subscribe: ["imcore.>"] } }
+    { user: "outsider", password: "outsider-password",
+      permissions: { publish: { deny: ["imcore.>"] }, subscribe: { deny: ["imcore.>"] } } }
+  ]
+}
+"#;
 
 /// Where Debian's `nats-server` package puts the binary, then `PATH`.
 fn nats_binary() -> PathBuf {
@@ -79,6 +102,7 @@ fn strip_ansi(line: &str) -> String {
 pub struct Nats {
     child: Child,
     pub port: u16,
+    config: PathBuf,
 }
 
 impl Nats {
@@ -89,9 +113,15 @@ impl Nats {
 
     /// On `port` (a restart keeps the port the nodes reconnect to).
     async fn on_port(port: Option<u16>) -> Self {
+        let config = std::env::temp_dir().join(format!("imcore-nats-{}.conf", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&config, NATS_CONFIG).expect("write the NATS configuration");
+        Self::with_config(port, config).await
+    }
+
+    async fn with_config(port: Option<u16>, config: PathBuf) -> Self {
         let port_arg = port.map_or("-1".to_owned(), |p| p.to_string());
         let mut child = Command::new(nats_binary())
-            .args(["-a", "127.0.0.1", "-p", &port_arg])
+            .args(["-c", &config.to_string_lossy(), "-a", "127.0.0.1", "-p", &port_arg])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -103,7 +133,7 @@ impl Nats {
             addr.trim().rsplit_once(':')?.1.parse::<u16>().ok()
         })
         .await;
-        Self { child, port }
+        Self { child, port, config }
     }
 
     pub fn url(&self) -> String {
@@ -117,7 +147,13 @@ impl Nats {
 
     /// A new server on the same port, after [`Nats::kill`].
     pub async fn restart(&mut self) {
-        *self = Self::on_port(Some(self.port)).await;
+        *self = Self::with_config(Some(self.port), self.config.clone()).await;
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
     }
 }
 
@@ -141,10 +177,11 @@ pub struct Node {
     pub port: u16,
 }
 
-impl Node {
-    async fn start(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path, homes: bool) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_imcore"))
-            .env("IMCORE_HOME_NODE", if homes { "on" } else { "off" })
+/// What a node is started with, credentials and key included.
+fn node_command(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path, homes: bool) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_imcore"));
+    command
+        .env("IMCORE_HOME_NODE", if homes { "on" } else { "off" })
             .env("DATABASE_URL", database_url)
             .env("IMCORE_NATS_URL", nats_url)
             .env("IMCORE_LISTEN", format!("{host}:0"))
@@ -154,7 +191,16 @@ impl Node {
             .env("IMCORE_WORKERS", "1")
             .env("IMCORE_ARBITERS", "1")
             .env("IMCORE_POOL_SIZE", "6")
-            .env("NO_COLOR", "1")
+            .env("IMCORE_NATS_USER", NODE_USER)
+            .env("IMCORE_NATS_PASSWORD", NODE_PASSWORD)
+            .env("IMCORE_CLUSTER_KEY", CLUSTER_KEY)
+            .env("NO_COLOR", "1");
+    command
+}
+
+impl Node {
+    async fn start(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path, homes: bool) -> Self {
+        let mut child = node_command(host, database_url, nats_url, data_dir, homes)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -306,6 +352,23 @@ impl Cluster {
             nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir, homes).await);
         }
         (Self { _cpu: cpu, _db: db, nats, nodes, data_dir }, relay)
+    }
+
+    /// Starts one more node with `env` changed (`None` removes a variable),
+    /// expecting it to refuse to start: its exit status and all it printed.
+    pub async fn node_refused(&self, env: &[(&str, Option<&str>)]) -> (Option<i32>, String) {
+        let host = Ipv4Addr::new(127, 0, 0, 9);
+        let mut command = node_command(host, &self._db.url, &self.nats.url(), &self.data_dir, true);
+        for (key, value) in env {
+            match value {
+                Some(v) => command.env(key, v),
+                None => command.env_remove(key),
+            };
+        }
+        let run = command.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).output();
+        let output = tokio::time::timeout(START, run).await.expect("the node neither started nor refused").expect("run");
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.code(), strip_ansi(&text))
     }
 
     /// An admin call, through the first node (on 127.0.0.1).

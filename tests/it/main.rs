@@ -6,6 +6,7 @@ mod actor_path;
 mod admin_commands;
 mod cluster;
 mod cluster_harness;
+mod cluster_trust;
 mod commit_isolation;
 mod commit_stall;
 mod db_outage;
