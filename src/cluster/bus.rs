@@ -445,7 +445,10 @@ impl Inbound {
                 Err(_) => Refused::Malformed.count(&m.subject),
             },
             Kind::Lost => {
-                tracing::warn!(node = opened.sender.as_str(), "bus: another node lost batches: every user here resyncs");
+                tracing::warn!(
+                    node = opened.sender.as_str(),
+                    "bus: another node lost batches: every user here resyncs"
+                );
                 delivery.resync_all();
             }
             Kind::Node => {
@@ -467,7 +470,10 @@ impl Inbound {
     /// ours (another version?): lost to the users here, who resync.
     fn batch(delivery: &Delivery, subject: &str, payload: &[u8]) {
         match serde_json::from_slice::<Appended>(payload) {
-            Ok(appended) if subject.strip_prefix(BATCHES).and_then(|c| c.strip_prefix('.')) == Some(appended.conv_id.as_str()) => {
+            Ok(appended)
+                if subject.strip_prefix(BATCHES).and_then(|c| c.strip_prefix('.'))
+                    == Some(appended.conv_id.as_str()) =>
+            {
                 delivery.from_peer(appended)
             }
             Ok(_) => Refused::Malformed.count(subject),

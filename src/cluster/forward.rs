@@ -197,13 +197,20 @@ impl PendingWrites {
 /// `writer`, and answers it on `reply_to`. Called in the order the requests
 /// came: each op is queued before this returns. An op that does not decode
 /// or that no client can send is not written: counted and answered `Failed`.
-pub(super) fn serve(client: &Client, seal: &Arc<Seal>, writer: &Writer, max_body: usize, payload: &[u8], reply_to: String) {
+pub(super) fn serve(
+    client: &Client,
+    seal: &Arc<Seal>,
+    writer: &Writer,
+    max_body: usize,
+    payload: &[u8],
+    reply_to: String,
+) {
     metrics().forwarded_writes.with_label_values(&["served"]).inc();
     let written = match serde_json::from_slice::<Forward>(payload) {
         Ok(f) => match client_op(&f.op, max_body) {
             Ok(()) => Ok(writer.write(f.conv, f.op)),
             Err(why) => {
-                Refused::RefusedOp.count(&reply_to);
+                Refused::Op.count(&reply_to);
                 tracing::warn!(why, "bus: a forwarded write no client can send, refused");
                 Err(format!("refused at the home node: {why}"))
             }
@@ -272,9 +279,9 @@ fn group_change(change: &GroupChange) -> Result<(), &'static str> {
 }
 
 fn profile_patch(p: &ProfilePatch) -> bool {
-    let name = p.name.as_deref().is_none_or(|n| check_text("name", n, MAX_GROUP_NAME_CHARS).is_ok());
-    let members = p.max_member.is_none_or(|m| (1..=MAX_GROUP_SIZE).contains(&i64::from(m)));
-    let window = p.recall_window_ms.is_none_or(|ms| (0..=MAX_DURATION_MS).contains(&ms));
-    let retention = p.retention_ms.is_none_or(|ms| ms.is_none_or(|ms| (1..=MAX_DURATION_MS).contains(&ms)));
+    let name = p.name.as_deref().map_or(true, |n| check_text("name", n, MAX_GROUP_NAME_CHARS).is_ok());
+    let members = p.max_member.map_or(true, |m| (1..=MAX_GROUP_SIZE).contains(&i64::from(m)));
+    let window = p.recall_window_ms.map_or(true, |ms| (0..=MAX_DURATION_MS).contains(&ms));
+    let retention = p.retention_ms.map_or(true, |ms| ms.map_or(true, |ms| (1..=MAX_DURATION_MS).contains(&ms)));
     !p.is_empty() && name && members && window && retention
 }

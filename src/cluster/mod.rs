@@ -27,5 +27,5 @@ mod seal;
 mod write;
 
 pub use bus::{Bus, BusError};
-pub use write::write_at_home;
 pub use routing::{settle, Settled};
+pub use write::write_at_home;

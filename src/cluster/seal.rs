@@ -34,7 +34,7 @@ pub enum Refused {
     /// Authentic, but does not decode or is out of range.
     Malformed,
     /// A forwarded op no client can send.
-    RefusedOp,
+    Op,
 }
 
 impl Refused {
@@ -44,7 +44,7 @@ impl Refused {
             Refused::BadSignature => "bad_signature",
             Refused::Stale => "stale",
             Refused::Malformed => "malformed",
-            Refused::RefusedOp => "refused_op",
+            Refused::Op => "refused_op",
         }
     }
 

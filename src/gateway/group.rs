@@ -12,10 +12,8 @@ use super::error::ApiError;
 use super::request::Fields;
 use crate::domain::{
     check_text, format_time, DeliveryMode, JoinMode, Role, ADMIN_BITS, MAX_ALIAS_CHARS, MAX_DURATION_MS,
-    MAX_GROUP_NAME_CHARS,
+    MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE, MAX_INVITE_USERS,
 };
-pub use crate::domain::MAX_GROUP_SIZE;
-use crate::domain::MAX_INVITE_USERS;
 use crate::store::{
     ApplicationPage, GroupChange, Invited, MemberPage, ProfilePatch, Written, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT,
 };

@@ -182,19 +182,19 @@ fn node_command(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &P
     let mut command = Command::new(env!("CARGO_BIN_EXE_imcore"));
     command
         .env("IMCORE_HOME_NODE", if homes { "on" } else { "off" })
-            .env("DATABASE_URL", database_url)
-            .env("IMCORE_NATS_URL", nats_url)
-            .env("IMCORE_LISTEN", format!("{host}:0"))
-            .env("IMCORE_ADMIN_TOKEN", ADMIN)
-            .env("IMCORE_DATA_DIR", data_dir)
-            .env("IMCORE_LOG", "info")
-            .env("IMCORE_WORKERS", "1")
-            .env("IMCORE_ARBITERS", "1")
-            .env("IMCORE_POOL_SIZE", "6")
-            .env("IMCORE_NATS_USER", NODE_USER)
-            .env("IMCORE_NATS_PASSWORD", NODE_PASSWORD)
-            .env("IMCORE_CLUSTER_KEY", CLUSTER_KEY)
-            .env("NO_COLOR", "1");
+        .env("DATABASE_URL", database_url)
+        .env("IMCORE_NATS_URL", nats_url)
+        .env("IMCORE_LISTEN", format!("{host}:0"))
+        .env("IMCORE_ADMIN_TOKEN", ADMIN)
+        .env("IMCORE_DATA_DIR", data_dir)
+        .env("IMCORE_LOG", "info")
+        .env("IMCORE_WORKERS", "1")
+        .env("IMCORE_ARBITERS", "1")
+        .env("IMCORE_POOL_SIZE", "6")
+        .env("IMCORE_NATS_USER", NODE_USER)
+        .env("IMCORE_NATS_PASSWORD", NODE_PASSWORD)
+        .env("IMCORE_CLUSTER_KEY", CLUSTER_KEY)
+        .env("NO_COLOR", "1");
     command
 }
 
@@ -366,7 +366,8 @@ impl Cluster {
             };
         }
         let run = command.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).output();
-        let output = tokio::time::timeout(START, run).await.expect("the node neither started nor refused").expect("run");
+        let output =
+            tokio::time::timeout(START, run).await.expect("the node neither started nor refused").expect("run");
         let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         (output.status.code(), strip_ansi(&text))
     }

@@ -114,7 +114,11 @@ async fn rejections(nodes: &[Node]) -> BTreeMap<&'static str, f64> {
 }
 
 /// The drops since `before`, once they reach `expected` in all (or [`WAIT`] passed).
-async fn rejected_since(nodes: &[Node], before: &BTreeMap<&'static str, f64>, expected: f64) -> BTreeMap<&'static str, f64> {
+async fn rejected_since(
+    nodes: &[Node],
+    before: &BTreeMap<&'static str, f64>,
+    expected: f64,
+) -> BTreeMap<&'static str, f64> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let now = rejections(nodes).await;
@@ -282,9 +286,7 @@ async fn forged_send(s: &mut Scene) {
         "unsigned and wrongly signed: dropped and counted, nothing stored; signed oversized: refused at the home (refused_op); signed small: stored (the key is what tells a node from an outsider)",
     );
     let big = format!("{{\"t\":\"{}\"}}", "x".repeat(200_039 - 8));
-    let send = |key: &str, body: &str| {
-        json!({"conv": "g-t", "op": {"Send": {"sender": "alice", "device": "d1", "client_msg_id": key, "body": body}}})
-    };
+    let send = |key: &str, body: &str| json!({"conv": "g-t", "op": {"Send": {"sender": "alice", "device": "d1", "client_msg_id": key, "body": body}}});
     let before = rejections(&s.c.nodes).await;
     let mut answers = forge_write(&s.nats, &s.names, &send("forged-big", &big), Signed::Not).await;
     answers.extend(forge_write(&s.nats, &s.names, &send("forged-big", &big), Signed::WrongKey).await);
@@ -315,7 +317,8 @@ async fn forged_recall(s: &mut Scene) {
         "unsigned and wrongly signed: dropped and counted, the message stays; signed: recalled (what the check refuses is the signature)",
     );
     let (target, control) = (s.send("g-t", "to-keep").await, s.send("g-t", "to-recall").await);
-    let recall = |seq: i64| json!({"conv": "g-t", "op": {"Recall": {"actor": "alice", "device": "d1", "target_seq": seq}}});
+    let recall =
+        |seq: i64| json!({"conv": "g-t", "op": {"Recall": {"actor": "alice", "device": "d1", "target_seq": seq}}});
     let before = rejections(&s.c.nodes).await;
     let mut answers = forge_write(&s.nats, &s.names, &recall(target), Signed::Not).await;
     answers.extend(forge_write(&s.nats, &s.names, &recall(target), Signed::WrongKey).await);
@@ -467,7 +470,11 @@ async fn fuzz(s: &mut Scene) {
     let forward = json!({"conv": "g-t", "op": {"Send": {"sender": "alice", "device": "d1", "client_msg_id": "fuzz", "body": "{}"}}}).to_string();
     // (subject, a plausible payload, nodes hearing it)
     let mut subjects = vec![
-        ("imcore.batch.g-t".to_owned(), r#"{"conv_id":"g-t","events":[],"head":1,"delivery_mode":"Push"}"#.to_owned(), 3.0),
+        (
+            "imcore.batch.g-t".to_owned(),
+            r#"{"conv_id":"g-t","events":[],"head":1,"delivery_mode":"Push"}"#.to_owned(),
+            3.0,
+        ),
         ("imcore.batch.x".to_owned(), "{}".to_owned(), 3.0),
         ("imcore.route".to_owned(), claim, 3.0),
         ("imcore.revoke".to_owned(), revoke, 3.0),
@@ -496,7 +503,14 @@ async fn fuzz(s: &mut Scene) {
         }
         variants.push(Bytes::from(payload.clone()));
         variants.push(seal_as("imcore-forger", WRONG_KEY, subject, reply, payload.as_bytes(), Duration::ZERO));
-        variants.push(seal_as("imcore-forger", CLUSTER_KEY, subject, reply, payload.as_bytes(), Duration::from_secs(600)));
+        variants.push(seal_as(
+            "imcore-forger",
+            CLUSTER_KEY,
+            subject,
+            reply,
+            payload.as_bytes(),
+            Duration::from_secs(600),
+        ));
         variants.push(seal_as("imcore-forger", CLUSTER_KEY, "imcore.other", reply, payload.as_bytes(), Duration::ZERO));
         for v in variants {
             match reply {
@@ -682,6 +696,9 @@ async fn fake_home_nodes_cannot_capture_writes() {
     assert!(check.resolve(observed.clone(), pass), "{observed}");
 }
 
+/// Variables set (`Some`) or removed (`None`) for a node.
+type Env<'a> = Vec<(&'a str, Option<&'a str>)>;
+
 #[actix_web::test]
 async fn without_the_credentials_or_the_key_nothing_joins() {
     let check = Check::start(
@@ -692,7 +709,7 @@ async fn without_the_credentials_or_the_key_nothing_joins() {
     );
     let c = Cluster::start_writing_locally(1).await;
     let mut refusals = Vec::new();
-    let cases: [(&str, Vec<(&str, Option<&str>)>, &str); 4] = [
+    let cases: [(&str, Env, &str); 4] = [
         ("no credentials", vec![("IMCORE_NATS_USER", None), ("IMCORE_NATS_PASSWORD", None)], "authorization"),
         ("wrong password", vec![("IMCORE_NATS_PASSWORD", Some("wrong"))], "authorization"),
         ("no cluster key", vec![("IMCORE_CLUSTER_KEY", None)], "IMCORE_CLUSTER_KEY"),
