@@ -118,6 +118,54 @@ impl Nats {
         Self::with_config(port, config).await
     }
 
+    /// With TLS: a certificate for 127.0.0.1 signed by a CA of its own (made
+    /// with `openssl`). The server, and the CA's certificate file.
+    pub async fn start_tls() -> (Self, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("imcore-nats-tls-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a directory for the certificates");
+        let san = dir.join("san.cnf");
+        std::fs::write(&san, "subjectAltName=IP:127.0.0.1\n").expect("write the SAN extension");
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let steps: [Vec<&str>; 3] = [
+            [
+                &["req", "-x509"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=imcore test CA"],
+            ]
+            .concat(),
+            [&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]].concat(),
+            vec![
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "1",
+                "-extfile",
+                "san.cnf",
+            ],
+        ];
+        for args in steps {
+            let made = Command::new("openssl").args(&args).current_dir(&dir).output().await.expect("run openssl");
+            assert!(made.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&made.stderr));
+        }
+        let config = dir.join("nats.conf");
+        let tls = format!(
+            "tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
+            dir.join("server.pem").display(),
+            dir.join("server.key").display()
+        );
+        std::fs::write(&config, tls + NATS_CONFIG).expect("write the NATS configuration");
+        (Self::with_config(None, config).await, dir.join("ca.pem"))
+    }
+
     async fn with_config(port: Option<u16>, config: PathBuf) -> Self {
         let port_arg = port.map_or("-1".to_owned(), |p| p.to_string());
         let mut child = Command::new(nats_binary())
@@ -154,6 +202,10 @@ impl Nats {
 impl Drop for Nats {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.config);
+        // A TLS server's directory holds its certificates too.
+        if let Some(dir) = self.config.parent().filter(|d| d.to_string_lossy().contains("imcore-nats-tls-")) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -370,6 +422,43 @@ impl Cluster {
             tokio::time::timeout(START, run).await.expect("the node neither started nor refused").expect("run");
         let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         (output.status.code(), strip_ansi(&text))
+    }
+
+    /// One more node on `nats_url` with `env` set: started (listening), or
+    /// the error it exited with.
+    pub async fn try_node(&self, nats_url: &str, env: &[(&str, &str)]) -> Result<Node, String> {
+        let host = Ipv4Addr::new(127, 0, 0, 9);
+        let mut command = node_command(host, &self._db.url, nats_url, &self.data_dir, false);
+        command.envs(env.iter().copied());
+        let mut child =
+            command.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().expect("start a node");
+        let mut lines = BufReader::new(child.stdout.take().expect("node stdout")).lines();
+        let listening = tokio::time::timeout(START, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let line = strip_ansi(&line);
+                if let Some((_, rest)) = line.split_once("imcore is listening") {
+                    return rest
+                        .split_once("port=")
+                        .and_then(|(_, p)| p.split_whitespace().next()?.parse::<u16>().ok());
+                }
+            }
+            None
+        })
+        .await
+        .expect("the node neither started nor exited");
+        match listening {
+            Some(port) => {
+                tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+                Ok(Node { child, host, port })
+            }
+            None => {
+                let mut printed = String::new();
+                if let Some(mut stderr) = child.stderr.take() {
+                    let _ = stderr.read_to_string(&mut printed).await;
+                }
+                Err(strip_ansi(&printed))
+            }
+        }
     }
 
     /// An admin call, through the first node (on 127.0.0.1).

@@ -747,3 +747,24 @@ async fn without_the_credentials_or_the_key_nothing_joins() {
     });
     assert!(check.resolve(observed.clone(), pass), "{observed}");
 }
+
+#[actix_web::test]
+async fn a_node_reaches_nats_over_tls_only_trusting_the_configured_ca() {
+    let check = Check::start(
+        SUITE,
+        "16-bus-tls",
+        "NATS with TLS (a certificate for 127.0.0.1 from a CA of the test's own) and authorization; a node with IMCORE_NATS_TLS_CA set to that CA, and one without it",
+        "the node given the CA joins and listens; the one without it refuses to start (it does not trust the server)",
+    );
+    let c = Cluster::start_writing_locally(1).await;
+    let (tls, ca) = crate::cluster_harness::Nats::start_tls().await;
+    let ca_path = ca.to_string_lossy().into_owned();
+    let with_ca = c.try_node(&tls.url(), &[("IMCORE_NATS_TLS_CA", &ca_path)]).await;
+    let joined = with_ca.is_ok();
+    drop(with_ca);
+    let without_ca = c.try_node(&tls.url(), &[]).await;
+    let refused = without_ca.as_ref().err().cloned();
+    let pass = joined && refused.as_deref().is_some_and(|e| e.contains("cannot connect to NATS"));
+    let observed = json!({"with_ca_joined": joined, "without_ca_error": refused});
+    assert!(check.resolve(observed.clone(), pass), "{observed}");
+}
