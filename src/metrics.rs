@@ -61,7 +61,7 @@ pub struct Metrics {
     /// Nodes taking homes, this one included, as this node knows them.
     pub cluster_nodes: IntGauge,
     /// Messages from the bus dropped unread (ARCHITECTURE §7), by `reason`:
-    /// `unsigned`, `bad_signature`, `stale`, `malformed` (signed, does not
+    /// `unsigned`, `bad_signature`, `stale`, `replayed`, `malformed` (signed, does not
     /// decode or is out of range), `refused_op` (a forwarded op no client sends).
     pub bus_rejected: IntCounterVec,
 }
@@ -145,7 +145,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     let bus_rejected = IntCounterVec::new(
         Opts::new(
             "bus_rejected_total",
-            "Bus messages dropped: reason=unsigned|bad_signature|stale|malformed|refused_op",
+            "Bus messages dropped: reason=unsigned|bad_signature|stale|replayed|malformed|refused_op",
         ),
         &["reason"],
     )?;

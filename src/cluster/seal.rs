@@ -2,13 +2,16 @@
 //! the cluster's nodes share (HMAC-SHA256 over its subject, reply subject,
 //! sender, time, counter and payload), and every message a node takes from
 //! the bus is opened — checked — before any of it is decoded. One that is
-//! unsigned, wrongly signed or stale is dropped and counted, never acted on.
+//! unsigned, wrongly signed, stale or seen before (a replay) is dropped and
+//! counted, never acted on.
 //! Why a key on top of NATS's own permissions: ARCHITECTURE §7.
 //!
 //! Sealed: `"imc1"`, sender length (1 byte), sender, unix ms (8), counter (8),
 //! MAC (32), payload.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -24,6 +27,10 @@ const MAGIC: &[u8; 4] = b"imc1";
 const MAC_BYTES: usize = 32;
 /// Domain separation: this MAC means "a bus message of imcore, version 1".
 const CONTEXT: &[u8] = b"imcore bus v1\0";
+/// How far out of counter order a sender's messages may be taken (several
+/// subscriptions, each buffering up to 65,536) and still be told from a
+/// replay: 64 KiB of bits per sender.
+const REPLAY_WINDOW: u64 = 1 << 19;
 
 /// Why a message from the bus was dropped (the metric's `reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +38,9 @@ pub enum Refused {
     Unsigned,
     BadSignature,
     Stale,
+    /// Authentic, and taken before (or signed with this node's own name,
+    /// which it never hears).
+    Replayed,
     /// Authentic, but does not decode or is out of range.
     Malformed,
     /// A forwarded op no client can send.
@@ -43,6 +53,7 @@ impl Refused {
             Refused::Unsigned => "unsigned",
             Refused::BadSignature => "bad_signature",
             Refused::Stale => "stale",
+            Refused::Replayed => "replayed",
             Refused::Malformed => "malformed",
             Refused::Op => "refused_op",
         }
@@ -67,6 +78,8 @@ pub struct Seal {
     node: NodeId,
     counter: AtomicU64,
     max_age: Duration,
+    /// The counters taken of each sender lately.
+    seen: Mutex<HashMap<NodeId, Seen>>,
 }
 
 impl Seal {
@@ -76,7 +89,7 @@ impl Seal {
             return None;
         }
         let mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).ok()?;
-        Some(Self { mac, node, counter: AtomicU64::new(0), max_age })
+        Some(Self { mac, node, counter: AtomicU64::new(0), max_age, seen: Mutex::new(HashMap::new()) })
     }
 
     /// `payload` sealed for `subject` (and `reply`, for a request), now.
@@ -111,19 +124,83 @@ impl Seal {
         feed(&mut mac, subject, reply, signed, &payload);
         mac.verify_slice(tag).map_err(|_| Refused::BadSignature)?;
         let name = std::str::from_utf8(&signed[1..1 + usize::from(len)]).map_err(|_| Refused::Malformed)?;
-        let mut at = [0u8; 8];
-        at.copy_from_slice(&signed[1 + usize::from(len)..9 + usize::from(len)]);
-        let (at, now) = (u64::from_be_bytes(at), unix_ms(now));
-        if at.abs_diff(now) > u64::try_from(self.max_age.as_millis()).unwrap_or(u64::MAX) {
+        let word = |at: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&signed[at..at + 8]);
+            u64::from_be_bytes(bytes)
+        };
+        let (at, counter, now) = (word(1 + usize::from(len)), word(9 + usize::from(len)), unix_ms(now));
+        let max_age = u64::try_from(self.max_age.as_millis()).unwrap_or(u64::MAX);
+        if at.abs_diff(now) > max_age {
             return Err(Refused::Stale);
         }
-        Ok(Opened { sender: NodeId::signed(name), payload })
+        let sender = NodeId::signed(name);
+        if sender == self.node || !self.first_time(&sender, counter, now, max_age) {
+            return Err(Refused::Replayed);
+        }
+        Ok(Opened { sender, payload })
+    }
+
+    /// Whether `sender`'s `counter` is taken for the first time. A sender
+    /// silent for twice the age limit is forgotten: whatever it sealed
+    /// before is stale by then.
+    fn first_time(&self, sender: &NodeId, counter: u64, now: u64, max_age: u64) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if !seen.contains_key(sender) {
+            seen.retain(|_, s| now.saturating_sub(s.last_ms) <= max_age.saturating_mul(2));
+        }
+        let window = seen.entry(sender.clone()).or_insert_with(Seen::new);
+        window.last_ms = now;
+        window.first_time(counter)
     }
 
     fn tag(&self, subject: &str, reply: Option<&str>, signed: &[u8], payload: &[u8]) -> [u8; MAC_BYTES] {
         let mut mac = self.mac.clone();
         feed(&mut mac, subject, reply, signed, payload);
         mac.finalize().into_bytes().into()
+    }
+}
+
+/// The counters taken of one sender: a ring of bits over the
+/// [`REPLAY_WINDOW`] up to the highest.
+struct Seen {
+    highest: Option<u64>,
+    bits: Vec<u64>,
+    last_ms: u64,
+}
+
+impl Seen {
+    fn new() -> Self {
+        Self { highest: None, bits: vec![0; (REPLAY_WINDOW / 64) as usize], last_ms: 0 }
+    }
+
+    fn bit(counter: u64) -> (usize, u64) {
+        let at = counter % REPLAY_WINDOW;
+        ((at / 64) as usize, 1 << (at % 64))
+    }
+
+    /// Marks `counter` taken; `false` if it was already, or is too far
+    /// behind the highest to tell.
+    fn first_time(&mut self, counter: u64) -> bool {
+        match self.highest {
+            Some(highest) if counter <= highest && highest - counter >= REPLAY_WINDOW => return false,
+            Some(highest) if counter <= highest => {}
+            Some(highest) if counter - highest >= REPLAY_WINDOW => self.bits.fill(0),
+            Some(highest) => {
+                for c in highest + 1..counter {
+                    let (word, mask) = Self::bit(c);
+                    self.bits[word] &= !mask;
+                }
+                let (word, mask) = Self::bit(counter);
+                self.bits[word] &= !mask;
+            }
+            None => {}
+        }
+        self.highest = Some(self.highest.map_or(counter, |h| h.max(counter)));
+        let (word, mask) = Self::bit(counter);
+        let first = self.bits[word] & mask == 0;
+        self.bits[word] |= mask;
+        first
     }
 }
 
@@ -155,25 +232,55 @@ mod tests {
     #[test]
     fn a_sealed_message_opens_with_the_same_key_only_on_its_own_subject_and_in_time() {
         let (a, b) = (seal(KEY), seal(&KEY.replace('0', "1")));
+        let c = Seal::new(KEY, NodeId::named("imcore-c"), Duration::from_secs(30)).expect("key");
         let sealed = a.seal("imcore.route", None, b"payload");
         let now = SystemTime::now();
-        let opened = a.open("imcore.route", None, &sealed, now).expect("opens");
+        let opened = c.open("imcore.route", None, &sealed, now).expect("opens");
         assert_eq!((opened.sender.as_str(), &opened.payload[..]), ("imcore-a", &b"payload"[..]));
         assert_eq!(b.open("imcore.route", None, &sealed, now).err(), Some(Refused::BadSignature));
-        assert_eq!(a.open("imcore.revoke", None, &sealed, now).err(), Some(Refused::BadSignature));
-        assert_eq!(a.open("imcore.route", Some("x"), &sealed, now).err(), Some(Refused::BadSignature));
+        assert_eq!(c.open("imcore.revoke", None, &sealed, now).err(), Some(Refused::BadSignature));
+        assert_eq!(c.open("imcore.route", Some("x"), &sealed, now).err(), Some(Refused::BadSignature));
         let late = now + Duration::from_secs(31);
-        assert_eq!(a.open("imcore.route", None, &sealed, late).err(), Some(Refused::Stale));
+        assert_eq!(c.open("imcore.route", None, &sealed, late).err(), Some(Refused::Stale));
         for cut in 0..sealed.len() {
-            assert!(a.open("imcore.route", None, &sealed.slice(..cut), now).is_err(), "cut at {cut}");
+            assert!(c.open("imcore.route", None, &sealed.slice(..cut), now).is_err(), "cut at {cut}");
         }
         let mut flipped = sealed.to_vec();
         for i in 0..flipped.len() {
             flipped[i] ^= 1;
-            assert!(a.open("imcore.route", None, &Bytes::from(flipped.clone()), now).is_err(), "bit flip at {i}");
+            assert!(c.open("imcore.route", None, &Bytes::from(flipped.clone()), now).is_err(), "bit flip at {i}");
             flipped[i] ^= 1;
         }
-        assert_eq!(a.open("imcore.route", None, &Bytes::from_static(b"{}"), now).err(), Some(Refused::Unsigned));
+        assert_eq!(c.open("imcore.route", None, &Bytes::from_static(b"{}"), now).err(), Some(Refused::Unsigned));
+    }
+
+    #[test]
+    fn a_message_opens_once_and_never_as_its_own_node() {
+        let (a, b) = (seal(KEY), Seal::new(KEY, NodeId::named("imcore-b"), Duration::from_secs(30)).expect("key"));
+        let now = SystemTime::now();
+        let sealed: Vec<Bytes> = (0..3).map(|_| a.seal("imcore.lost", None, b"")).collect();
+        // Out of order, then each again.
+        for i in [2, 0, 1] {
+            assert!(b.open("imcore.lost", None, &sealed[i], now).is_ok(), "first time {i}");
+        }
+        for s in &sealed {
+            assert_eq!(b.open("imcore.lost", None, s, now).err(), Some(Refused::Replayed));
+        }
+        assert_eq!(a.open("imcore.lost", None, &sealed[0], now).err(), Some(Refused::Replayed), "its own");
+    }
+
+    #[test]
+    fn the_replay_window_tells_new_from_seen_across_its_ring() {
+        let mut seen = Seen::new();
+        assert!(seen.first_time(5));
+        assert!(!seen.first_time(5));
+        assert!(seen.first_time(5 + REPLAY_WINDOW - 1));
+        assert!(!seen.first_time(5), "still in the window");
+        assert!(seen.first_time(5 + REPLAY_WINDOW + 3), "the ring wraps: its bit was cleared");
+        assert!(!seen.first_time(5 + REPLAY_WINDOW - 1));
+        assert!(!seen.first_time(4), "too far behind to tell");
+        assert!(seen.first_time(10 * REPLAY_WINDOW));
+        assert!(seen.first_time(10 * REPLAY_WINDOW - 1));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! Without the NATS credentials a node cannot join at all.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::{Client, ConnectOptions};
@@ -27,7 +28,9 @@ use crate::server::Ws;
 const SUITE: &str = "im-16";
 /// As long as the cluster key, and not it.
 const WRONG_KEY: &str = "not-the-cluster-key-though-as-long-0123456789";
-const REASONS: [&str; 5] = ["unsigned", "bad_signature", "stale", "malformed", "refused_op"];
+const REASONS: [&str; 6] = ["unsigned", "bad_signature", "stale", "replayed", "malformed", "refused_op"];
+/// The forger's counter: increasing, as a node's is.
+static COUNTER: AtomicU64 = AtomicU64::new(1);
 /// How long a forgery is given to do harm (an answer, a push, a close).
 const HARM: Duration = Duration::from_millis(1500);
 
@@ -47,7 +50,7 @@ fn seal_as(node: &str, key: &str, subject: &str, reply: Option<&str>, payload: &
     let mut signed = vec![node.len() as u8];
     signed.extend(node.as_bytes());
     signed.extend(at.to_be_bytes());
-    signed.extend(rand::random::<u64>().to_be_bytes());
+    signed.extend(COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
     let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).expect("any key length");
     mac.update(b"imcore bus v1\0");
     for part in [subject.as_bytes(), reply.unwrap_or("").as_bytes(), &signed] {
@@ -246,6 +249,7 @@ async fn forgeries_on_the_bus_are_dropped_counted_and_change_nothing() {
     forged_revoke_and_route(&mut s).await;
     garbage(&mut s).await;
     fuzz(&mut s).await;
+    replayed_revocation(&mut s).await;
     // Last: its control pushes a message that is not in the database.
     forged_batch(&mut s).await;
 }
@@ -541,6 +545,31 @@ async fn fuzz(s: &mut Scene) {
         "devices_open": open, "log_unchanged": log_after == log_before, "roster_unchanged": roster_after == roster_before,
         "cluster_nodes": known, "send_after_reached_bob_and_carol": reached,
     });
+    assert!(check.resolve(observed.clone(), pass), "{observed}");
+}
+
+async fn replayed_revocation(s: &mut Scene) {
+    let check = Check::start(
+        SUITE,
+        "16-bus-replay",
+        "carol's token rotated through node 1: its genuine `imcore.revoke` sniffed with the leaked password; carol reconnects on node 3 with the new token; the sniffed message published again as it was",
+        "the genuine revocation kicks carol (the message has teeth); the replay is dropped on all 3 nodes (`replayed`: nodes 2 and 3 took it before, node 1 never hears its own) and carol stays connected",
+    );
+    let mut revocations = s.nats.subscribe("imcore.revoke").await.expect("sniff revocations");
+    s.nats.flush().await.expect("flush");
+    let (status, issued) = s.c.admin("/v1/admin/users/carol/devices", json!({"device_id": "d1"})).await;
+    assert_eq!(status, 201, "rotate carol's token: {issued}");
+    let kicked = s.devices[2].closed().await.pushes.iter().any(|p| p["reason"] == "token_revoked");
+    let genuine = tokio::time::timeout(WAIT, revocations.next()).await.expect("a revocation").expect("a message");
+    s.devices[2] = s.c.nodes[2].ws(issued["token"].as_str().expect("token")).await;
+    let before = rejections(&s.c.nodes).await;
+    s.nats.publish("imcore.revoke", genuine.payload.clone()).await.expect("replay");
+    s.nats.flush().await.expect("flush");
+    let dropped = rejected_since(&s.c.nodes, &before, 3.0).await;
+    tokio::time::sleep(HARM).await;
+    let carol_open = alive(&mut s.devices[2]).await;
+    let pass = kicked && dropped["replayed"] == 3.0 && carol_open;
+    let observed = json!({"genuine_kicked": kicked, "replay_dropped": dropped, "carol_open_after_replay": carol_open});
     assert!(check.resolve(observed.clone(), pass), "{observed}");
 }
 
