@@ -543,6 +543,9 @@ impl Inbound {
                 tracing::warn!("bus: NATS dropped messages for this node (slow consumer): every user here resyncs");
                 delivery.resync_all();
             }
+            // A permission violation among them: NATS's configuration does
+            // not give this node's user all of `imcore.>` (README recipe).
+            Event::ServerError(e) => tracing::warn!(error = %e, "bus: NATS refused something this node did"),
             other => tracing::debug!(event = %other, "bus event"),
         }
     }
