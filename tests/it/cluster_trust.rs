@@ -18,7 +18,7 @@ use hmac::{Hmac, Mac};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 use crate::cluster_harness::{Cluster, Node, CLUSTER_KEY, NODE_PASSWORD, NODE_USER, OUTSIDER, OUTSIDER_PASSWORD};
 use crate::evidence::Check;
@@ -670,6 +670,15 @@ async fn acked_and_stored(devices: &mut [Ws], conv: &str, prefix: &str) -> (usiz
     (acked, stored)
 }
 
+/// `conv`'s home among `nodes`, picked as `cluster::home` picks it (rendezvous, SHA-256).
+fn home_of<'a>(nodes: &'a [String], conv: &str) -> &'a str {
+    let weight = |node: &&String| {
+        let digest = Sha256::new().chain_update(node.as_bytes()).chain_update([0]).chain_update(conv).finalize();
+        u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+    };
+    nodes.iter().max_by_key(weight).expect("some nodes")
+}
+
 async fn nodes_known(c: &Cluster) -> Vec<f64> {
     let mut v = Vec::new();
     for node in &c.nodes {
@@ -691,6 +700,11 @@ async fn fake_home_nodes_cannot_capture_writes() {
     c.group(&tokens[0], "g-h", &["bob"]).await;
     let mut devices = vec![c.nodes[0].ws(&tokens[0]).await, c.nodes[1].ws(&tokens[1]).await];
     let nats = leaked(&c).await;
+    // The control's conversation: one the signed fakes would be home of.
+    let mut all = node_names(&nats, 3).await;
+    all.extend((0..8).map(|i| format!("imcore-fakek{i}")));
+    let control = (0..).map(|i| format!("g-c{i}")).find(|g| home_of(&all, g).starts_with("imcore-fake")).expect("one");
+    c.group(&tokens[0], &control, &["bob"]).await;
     let before = rejections(&c.nodes).await;
     let mut fakes = fake_homes(&nats, Signed::Not, "u");
     fakes.extend(fake_homes(&nats, Signed::WrongKey, "w"));
@@ -708,7 +722,7 @@ async fn fake_home_nodes_cannot_capture_writes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let known_control = nodes_known(&c).await;
-    let (control_acked, control_stored) = acked_and_stored(&mut devices, "g-h", "control").await;
+    let (control_acked, control_stored) = acked_and_stored(&mut devices, &control, "control").await;
     for fake in fakes {
         fake.abort();
     }
@@ -720,7 +734,7 @@ async fn fake_home_nodes_cannot_capture_writes() {
         && control_stored < control_acked;
     let observed = json!({
         "cluster_nodes_during": known_during, "dropped": dropped, "acked": acked, "stored": stored,
-        "control": {"cluster_nodes": known_control, "acked": control_acked, "stored": control_stored},
+        "control": {"conv": control, "home": home_of(&all, &control), "cluster_nodes": known_control, "acked": control_acked, "stored": control_stored},
     });
     assert!(check.resolve(observed.clone(), pass), "{observed}");
 }
