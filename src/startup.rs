@@ -77,7 +77,7 @@ impl Application {
         let bus = match &config.nats_url {
             Some(url) => {
                 let homes = config.home_node && writer.path() == WritePath::Actor;
-                Some(Bus::join(url, &delivery, &writer, homes).await?)
+                Some(Bus::join(url, &config.bus, config.max_body_bytes, &delivery, &writer, homes).await?)
             }
             None => None,
         };

@@ -7,6 +7,7 @@ mod admin_commands;
 mod bounds;
 mod cluster;
 mod cluster_harness;
+mod cluster_trust;
 mod commit_isolation;
 mod commit_stall;
 mod db_outage;
