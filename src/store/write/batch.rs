@@ -43,6 +43,8 @@ pub(super) struct BatchBuilder {
     pub(super) max_member: i32,
     pub(super) delivery_mode: DeliveryMode,
     pub(super) recall_window_ms: i64,
+    /// As of the ops checked so far; `None`: unlimited.
+    pub(super) retention_ms: Option<i64>,
 }
 
 /// A change to the membership rows, written in order after the checks.
@@ -117,6 +119,7 @@ impl BatchBuilder {
             max_member: row.max_member,
             delivery_mode: row.delivery_mode,
             recall_window_ms: row.recall_window_ms,
+            retention_ms: row.retention_ms,
         }
     }
 

@@ -30,6 +30,8 @@ pub(super) struct ConvRow {
     /// Transaction time, in ms: the `created_at` of everything the batch appends.
     pub(super) now: DateTime<Utc>,
     pub(super) recall_window_ms: i64,
+    /// `None`: unlimited.
+    pub(super) retention_ms: Option<i64>,
 }
 
 /// How a write transaction takes its conversation rows.
@@ -51,8 +53,8 @@ macro_rules! lock_conversations_sql {
     ($wait:literal) => {
         concat!(
             "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
-            "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms ",
-            "FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
+            "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms, ",
+            "retention_ms FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
         )
     };
@@ -121,6 +123,7 @@ async fn lock_conversations(
                 now: r.get(9),
                 group: r.get(10),
                 recall_window_ms: r.get(11),
+                retention_ms: r.get(12),
             };
             Some((conv, row))
         })

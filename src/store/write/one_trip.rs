@@ -268,6 +268,7 @@ mod tests {
             delivery_mode: DeliveryMode::Push,
             now: Utc::now(),
             recall_window_ms: 120_000,
+            retention_ms: None,
         };
         let mut known = Roster::default();
         for (u, standing) in roster {
