@@ -348,11 +348,22 @@ pub struct LimitSettings {
         default_value_t = LimitSettings::default().create_per_minute
     )]
     pub create_per_minute: u32,
+
+    /// (conversation, user) pairs the stranger gate remembers as having been
+    /// members, on this node (about 150 bytes each). A pair it does not
+    /// remember costs one indexed query at its next write.
+    #[arg(
+        long = "gate-pairs",
+        value_name = "COUNT",
+        env = "IMCORE_GATE_PAIRS",
+        default_value_t = LimitSettings::default().gate_pairs
+    )]
+    pub gate_pairs: usize,
 }
 
 impl Default for LimitSettings {
     fn default() -> Self {
-        Self { memory_budget_bytes: 512 * 1024 * 1024, create_per_minute: 60 }
+        Self { memory_budget_bytes: 512 * 1024 * 1024, create_per_minute: 60, gate_pairs: 200_000 }
     }
 }
 

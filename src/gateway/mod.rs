@@ -5,6 +5,7 @@
 //! # Layout
 //! * `auth` — device and admin bearer tokens, refusals remembered briefly.
 //! * `create_rate` — the per-user limit on conversations created per minute.
+//! * `gate` — write ops of strangers to a conversation refused before its writer.
 //! * `request` — a device request parsed and checked at the edge.
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
@@ -23,6 +24,7 @@ mod auth;
 mod client;
 mod create_rate;
 mod error;
+mod gate;
 mod group;
 mod health;
 mod http;
@@ -39,7 +41,8 @@ use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 use dashmap::DashMap;
 use imcore_actors::registry::ConnId;
-use imcore_actors::ConvId;
+use futures_util::future::Either;
+use imcore_actors::{ConvId, UserId};
 
 pub use error::ApiError;
 
@@ -69,6 +72,7 @@ pub struct AppState {
     /// connections, all clients together (`limits.memory_budget_bytes`).
     pub budget: Arc<MemoryBudget>,
     create_rate: create_rate::CreateRate,
+    gate: Arc<gate::Gate>,
     refused_tokens: auth::RefusedTokens,
     /// Set once graceful shutdown began: upgrades are refused, sessions leave.
     shutting_down: AtomicBool,
@@ -92,15 +96,49 @@ impl AppState {
             sessions: DashMap::new(),
             budget: MemoryBudget::new(config.limits.memory_budget_bytes),
             create_rate: create_rate::CreateRate::new(config.limits.create_per_minute),
+            gate: Arc::new(gate::Gate::new(config.limits.gate_pairs)),
             refused_tokens: auth::RefusedTokens::default(),
             config,
             shutting_down: AtomicBool::new(false),
         }
     }
 
-    /// Writes `op` at `conv`'s home node: here, or forwarded to it (ARCHITECTURE §7).
+    /// Writes `op` at `conv`'s home node: here, or forwarded to it
+    /// (ARCHITECTURE §7), once the stranger gate let it through (`gate`).
+    /// Queued before returning when the gate knows the caller (P6); else
+    /// behind the caller's other ops to `conv` waiting for the same check.
     pub fn write(&self, conv: ConvId, op: WriteOp) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
-        write_at_home(self.bus.as_deref(), &self.writer, conv, op)
+        let user = op.caller().clone();
+        let answer = match self.gate.enter(&conv, &user, op) {
+            gate::Entry::Go(op) => return Either::Left(write_at_home(self.bus.as_deref(), &self.writer, conv, op)),
+            gate::Entry::Wait { check, answer } => {
+                if check {
+                    self.check_access(conv, user);
+                }
+                answer
+            }
+        };
+        Either::Right(async move {
+            answer.await.unwrap_or_else(|_| Err(WriteFailure::internal("a write waiting at the gate was dropped")))
+        })
+    }
+
+    /// Runs the gate's check of `user` to `conv` in a task of its own.
+    fn check_access(&self, conv: ConvId, user: UserId) {
+        let (gate, store, bus, writer) = (self.gate.clone(), self.store.clone(), self.bus.clone(), self.writer.clone());
+        actix_web::rt::spawn(async move {
+            let access = |join| {
+                let (store, conv, user) = (store.clone(), conv.clone(), user.clone());
+                async move { Ok(store.access(&conv, &user, join).await?) }
+            };
+            let write = |conv, op, tx: tokio::sync::oneshot::Sender<_>| {
+                let written = write_at_home(bus.as_deref(), &writer, conv, op);
+                actix_web::rt::spawn(async move {
+                    let _ = tx.send(written.await);
+                });
+            };
+            gate.settle(&conv, &user, access, write).await;
+        });
     }
 
     pub fn shutting_down(&self) -> bool {

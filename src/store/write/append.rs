@@ -5,11 +5,12 @@ use uuid::Uuid;
 
 use super::batch::BatchBuilder;
 use super::prepared::Conn;
-use crate::domain::{Event, EventKind};
+use crate::domain::{Event, EventKind, ERASED_FINGERPRINT};
 use crate::store::StoreError;
 
 /// Every event of every conversation of the transaction, the bodies its
-/// recalls erase, and every conversation row, in one statement.
+/// recalls erase (with their fingerprints, `ERASED_FINGERPRINT` = `$23`),
+/// and every conversation row, in one statement.
 pub(super) const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
@@ -18,7 +19,7 @@ WITH appended AS (
     FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
                 $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[]) AS e),
 erased AS (
-  UPDATE events e SET body = NULL, recalled = true
+  UPDATE events e SET body = NULL, recalled = true, request_hash = $23
     FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
    WHERE e.conv_id = r.conv AND e.seq = r.seq)
 UPDATE conversations c
@@ -90,10 +91,11 @@ impl<'a> EventColumns<'a> {
                 snd = Some(sender.as_str());
                 dev = Some(sender_device.as_str());
                 key = Some(client_msg_id.as_str());
-                hash = b
-                    .appended_keys
-                    .get(&(b.conv.clone(), sender.clone(), client_msg_id.clone()))
-                    .map(|a| a.hash.as_slice());
+                hash = if *recalled {
+                    Some(ERASED_FINGERPRINT.as_slice())
+                } else {
+                    b.appended_keys.get(&(b.conv.clone(), sender.clone(), client_msg_id.clone())).map(|a| a.hash.as_slice())
+                };
                 body = text.as_deref();
             }
             EventKind::Join { subject, actor } => {
@@ -150,7 +152,9 @@ pub(super) async fn append_events(tx: Conn<'_>, builders: &[(usize, BatchBuilder
         now = Some(b.now);
     }
     let Some(now) = now else { return Ok(()) };
-    let rest: [&(dyn ToSql + Sync); 7] = [&now, &convs, &next_seqs, &bumps, &counts, &erased_convs, &erased_seqs];
+    let erased: &[u8] = &ERASED_FINGERPRINT;
+    let rest: [&(dyn ToSql + Sync); 8] =
+        [&now, &convs, &next_seqs, &bumps, &counts, &erased_convs, &erased_seqs, &erased];
     tx.client.execute(&tx.prepared.append, &[&cols.params()[..], &rest].concat()).await?;
     Ok(())
 }

@@ -52,6 +52,7 @@ impl Prepared {
             T::INT4_ARRAY,
             T::TEXT_ARRAY,
             T::INT8_ARRAY,
+            T::BYTEA,
         ];
         let expected = [
             T::TEXT,
