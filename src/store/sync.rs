@@ -65,11 +65,14 @@ pub struct SyncPage {
     pub truncated: bool,
 }
 
+/// A former member's head is where its last period ended: later activity is
+/// none of its business (PROTOCOL §5 `get_conversation`).
 const HEADER: &str = "
-SELECT c.next_seq - 1, c.min_seq, c.epoch
+SELECT least(c.next_seq - 1, p.to_seq), c.min_seq, c.epoch
   FROM conversations c
- WHERE c.conv_id = $1
-   AND EXISTS (SELECT 1 FROM membership_periods p WHERE p.conv_id = c.conv_id AND p.user_id = $2)";
+ CROSS JOIN LATERAL (SELECT to_seq FROM membership_periods p
+                      WHERE p.conv_id = c.conv_id AND p.user_id = $2 ORDER BY from_seq DESC LIMIT 1) p
+ WHERE c.conv_id = $1";
 
 /// Forward page: $3 after, $4 head (the snapshot bound), $5 limit.
 pub const SYNC_FORWARD: &str = "

@@ -146,7 +146,7 @@ impl BatchBuilder {
             self.member_changes.push(MemberChange::Standing { user: who.clone(), standing: now });
         }
         self.membership_changes += 1;
-        self.profile.owner = Some(user.clone());
+        (self.owner, self.profile.owner) = (Some(user.clone()), Some(user.clone()));
         Ok(self.changed(actor, json!({"owner": {"from": actor, "to": user}})))
     }
 
@@ -172,7 +172,7 @@ impl BatchBuilder {
         let mut change = Map::new();
         let s = &mut self.profile.settings;
         if let Some(name) = &patch.name {
-            s.name = Some(name.clone());
+            (self.name, s.name) = (Some(name.clone()), Some(name.clone()));
             change.insert("name".into(), name.as_str().into());
         }
         if let Some(mode) = patch.join_mode {
@@ -192,7 +192,7 @@ impl BatchBuilder {
             change.insert("delivery_mode".into(), mode.as_str().into());
         }
         if let Some(ms) = patch.recall_window_ms {
-            s.recall_window_ms = Some(ms);
+            (self.recall_window_ms, s.recall_window_ms) = (ms, Some(ms));
             change.insert("recall_window_ms".into(), ms.into());
         }
         if let Some(ms) = patch.retention_ms {
@@ -237,6 +237,8 @@ mod tests {
             now: Utc::now(),
             recall_window_ms: 120_000,
             retention_ms: None,
+            name: None,
+            owner: None,
         };
         let mut roster = Roster::default();
         for (u, role) in [("o", Role::Owner), ("a", Role::Admin), ("m", Role::Member), ("n", Role::Member)] {

@@ -32,6 +32,8 @@ pub(super) struct ConvRow {
     pub(super) recall_window_ms: i64,
     /// `None`: unlimited.
     pub(super) retention_ms: Option<i64>,
+    pub(super) name: Option<String>,
+    pub(super) owner: Option<UserId>,
 }
 
 /// How a write transaction takes its conversation rows.
@@ -54,7 +56,7 @@ macro_rules! lock_conversations_sql {
         concat!(
             "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
             "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms, ",
-            "retention_ms FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
+            "retention_ms, name, owner FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
         )
     };
@@ -124,6 +126,8 @@ async fn lock_conversations(
                 group: r.get(10),
                 recall_window_ms: r.get(11),
                 retention_ms: r.get(12),
+                name: r.get(13),
+                owner: r.get::<_, Option<&str>>(14).and_then(|u| UserId::parse(u).ok()),
             };
             Some((conv, row))
         })

@@ -269,6 +269,8 @@ mod tests {
             now: Utc::now(),
             recall_window_ms: 120_000,
             retention_ms: None,
+            name: None,
+            owner: None,
         };
         let mut known = Roster::default();
         for (u, standing) in roster {
