@@ -40,8 +40,8 @@ use actix::Recipient;
 use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 use dashmap::DashMap;
-use imcore_actors::registry::ConnId;
 use futures_util::future::Either;
+use imcore_actors::registry::ConnId;
 use imcore_actors::{ConvId, UserId};
 
 pub use error::ApiError;

@@ -93,7 +93,8 @@ async fn a_strangers_send_costs_the_same_whether_the_conversation_exists_or_not(
         for (conv, exists, token) in targets {
             if *exists {
                 let body = json!({"client_msg_id": format!("warm-{n}"), "body": {"type": "text", "text": "hi"}});
-                let (status, _) = s.http("POST", &format!("/v1/conversations/{conv}/messages"), Some(token), Some(&body)).await;
+                let (status, _) =
+                    s.http("POST", &format!("/v1/conversations/{conv}/messages"), Some(token), Some(&body)).await;
                 assert_eq!(status, 201);
                 n += 1;
             }
@@ -112,7 +113,11 @@ async fn a_strangers_send_costs_the_same_whether_the_conversation_exists_or_not(
                 let error = call(&mut stranger, "send", fields).await.expect_err("a stranger's send is refused");
                 let ms = started.elapsed().as_secs_f64() * 1000.0;
                 samples[i].push(ms);
-                if *exists { lat_existing.push(ms) } else { lat_missing.push(ms) }
+                if *exists {
+                    lat_existing.push(ms)
+                } else {
+                    lat_missing.push(ms)
+                }
                 answers.insert(error.to_string());
             }
         }
@@ -153,7 +158,8 @@ async fn a_strangers_send_costs_the_same_whether_the_conversation_exists_or_not(
         }
         same_for_other_ops.push(json!({"op": op, "same": answers[0] == answers[1], "answer": answers[0]}));
     }
-    let others_same = same_for_other_ops.iter().all(|a| a["same"] == json!(true) && a["answer"]["code"] == json!("NOT_MEMBER"));
+    let others_same =
+        same_for_other_ops.iter().all(|a| a["same"] == json!(true) && a["answer"]["code"] == json!("NOT_MEMBER"));
     let (lat_existing, lat_missing) = (sorted(lat_existing), sorted(lat_missing));
     let one_answer = answers.len() == 1 && answers.iter().all(|a| a.contains("NOT_MEMBER"));
     let observed = json!({
@@ -224,8 +230,10 @@ async fn a_user_with_many_membership_periods_syncs_a_page_without_reading_them_a
     let (one_median, one_p99, _) = time_syncs(&mut w_one, "g-periods").await;
     // Period k (from 0) is join, PER_PERIOD messages, leave: seqs 3 + k·(PER_PERIOD + 2) on.
     let period = (PER_PERIOD + 2) as i64;
-    let expect: Vec<i64> = (0..PERIODS as i64).flat_map(|k| (0..period).map(move |i| 3 + k * period + i)).take(100).collect();
-    let got: Vec<i64> = page["events"].as_array().expect("events").iter().map(|e| e["seq"].as_i64().expect("seq")).collect();
+    let expect: Vec<i64> =
+        (0..PERIODS as i64).flat_map(|k| (0..period).map(move |i| 3 + k * period + i)).take(100).collect();
+    let got: Vec<i64> =
+        page["events"].as_array().expect("events").iter().map(|e| e["seq"].as_i64().expect("seq")).collect();
     let c = s.db.client().await;
     let plan: Vec<String> = c
         .query(
@@ -268,7 +276,9 @@ async fn only_the_owner_shortens_the_retention() {
     let (mut owner, mut admin, mut temp) = (s.ws(&own).await, s.ws(&adm).await, s.ws(&tmp).await);
     group(&mut owner, "g-ret", "retention", &["u-adm", "u-tmp"]).await;
     let until = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    call(&mut owner, "set_role", json!({"conv_id": "g-ret", "user_id": "u-adm", "role": "admin"})).await.expect("admin");
+    call(&mut owner, "set_role", json!({"conv_id": "g-ret", "user_id": "u-adm", "role": "admin"}))
+        .await
+        .expect("admin");
     call(&mut owner, "set_role", json!({"conv_id": "g-ret", "user_id": "u-tmp", "role": "admin", "until": until}))
         .await
         .expect("temporary admin");
@@ -290,26 +300,38 @@ async fn only_the_owner_shortens_the_retention() {
     let (_, purge) = s.admin("/v1/admin/retention/run", json!({})).await;
     steps.push(("owner sets 1 hour", code(call(&mut owner, "update_group", update(json!(3_600_000))).await)));
     steps.push(("admin shortens to 1 ms", code(call(&mut admin, "update_group", update(json!(1))).await)));
-    steps.push(("temporary admin shortens to 59 min", code(call(&mut temp, "update_group", update(json!(3_540_000))).await)));
+    steps.push((
+        "temporary admin shortens to 59 min",
+        code(call(&mut temp, "update_group", update(json!(3_540_000))).await),
+    ));
     steps.push(("admin lengthens to 2 hours", code(call(&mut admin, "update_group", update(json!(7_200_000))).await)));
     steps.push(("temporary admin clears it", code(call(&mut temp, "update_group", update(Value::Null)).await)));
     steps.push(("owner sets 1 ms", code(call(&mut owner, "update_group", update(json!(1))).await)));
     let last = conversation(&mut owner, "g-ret").await;
-    let page = call(&mut owner, "sync", json!({"conv_id": "g-ret", "before_seq": last["head"].as_i64().unwrap_or(0) + 1, "limit": 1}))
-        .await
-        .expect("sync");
+    let page = call(
+        &mut owner,
+        "sync",
+        json!({"conv_id": "g-ret", "before_seq": last["head"].as_i64().unwrap_or(0) + 1, "limit": 1}),
+    )
+    .await
+    .expect("sync");
     let expected = ["FORBIDDEN", "FORBIDDEN", "ok", "FORBIDDEN", "FORBIDDEN", "ok", "ok", "ok"];
     let got: Vec<&str> = steps.iter().map(|(_, c)| c.as_str()).collect();
     let unchanged = before["head"] == after_refusals["head"] && after_refusals["retention_ms"].is_null();
     let last_event = &page["events"][0];
-    let owner_event = last_event["kind"] == json!("group") && last_event["change"]["profile"]["retention_ms"] == json!(1);
+    let owner_event =
+        last_event["kind"] == json!("group") && last_event["change"]["profile"]["retention_ms"] == json!(1);
     let observed = json!({
         "steps": steps.iter().map(|(what, c)| json!({"step": what, "answer": c})).collect::<Vec<_>>(),
         "head_before": before["head"], "head_after_refusals": after_refusals["head"],
         "retention_after_refusals": after_refusals["retention_ms"], "purge_after_refusals": purge,
         "retention_at_end": last["retention_ms"], "last_event": last_event,
     });
-    let pass = got == expected && unchanged && purge["events_purged"] == json!(0) && owner_event && last["retention_ms"] == json!(1);
+    let pass = got == expected
+        && unchanged
+        && purge["events_purged"] == json!(0)
+        && owner_event
+        && last["retention_ms"] == json!(1);
     assert!(check.resolve(observed.clone(), pass), "{observed}");
 }
 
@@ -327,7 +349,9 @@ async fn a_former_member_sees_the_conversation_as_it_left_it() {
     s.user("u-new").await;
     let (mut owner, mut kicked, mut leaver) = (s.ws(&own).await, s.ws(&kid).await, s.ws(&lea).await);
     group(&mut owner, "g-view", "before", &["u-kid", "u-lea"]).await;
-    call(&mut owner, "send", json!({"conv_id": "g-view", "client_msg_id": "m1", "body": {"text": 1}})).await.expect("send");
+    call(&mut owner, "send", json!({"conv_id": "g-view", "client_msg_id": "m1", "body": {"text": 1}}))
+        .await
+        .expect("send");
     let kick = call(&mut owner, "kick", json!({"conv_id": "g-view", "user_id": "u-kid"})).await.expect("kick");
     let left = call(&mut leaver, "leave", json!({"conv_id": "g-view"})).await.expect("leave");
     let (kick_seq, leave_seq) = (kick["seq"].as_i64().expect("seq"), left["seq"].as_i64().expect("seq"));
@@ -335,15 +359,20 @@ async fn a_former_member_sees_the_conversation_as_it_left_it() {
         .await
         .expect("rename");
     call(&mut owner, "invite", json!({"conv_id": "g-view", "user_ids": ["u-new"]})).await.expect("invite");
-    call(&mut owner, "send", json!({"conv_id": "g-view", "client_msg_id": "m2", "body": {"text": 2}})).await.expect("send");
+    call(&mut owner, "send", json!({"conv_id": "g-view", "client_msg_id": "m2", "body": {"text": 2}}))
+        .await
+        .expect("send");
     let (as_kicked, as_leaver, as_owner) = (
         conversation(&mut kicked, "g-view").await,
         conversation(&mut leaver, "g-view").await,
         conversation(&mut owner, "g-view").await,
     );
-    let sync_head = call(&mut kicked, "sync", json!({"conv_id": "g-view", "after_seq": 0})).await.expect("sync")["head"].clone();
-    let view = |c: &Value| json!({"name": c["name"], "head": c["head"], "member_count": c["member_count"],
-                                  "max_member": c["max_member"], "mute_all": c["mute_all"], "status": c["status"]});
+    let sync_head =
+        call(&mut kicked, "sync", json!({"conv_id": "g-view", "after_seq": 0})).await.expect("sync")["head"].clone();
+    let view = |c: &Value| {
+        json!({"name": c["name"], "head": c["head"], "member_count": c["member_count"],
+                                  "max_member": c["max_member"], "mute_all": c["mute_all"], "status": c["status"]})
+    };
     let observed = json!({
         "kick_seq": kick_seq, "leave_seq": leave_seq,
         "kicked_sees": view(&as_kicked), "leaver_sees": view(&as_leaver), "owner_sees": view(&as_owner),

@@ -94,7 +94,9 @@ impl<'a> EventColumns<'a> {
                 hash = if *recalled {
                     Some(ERASED_FINGERPRINT.as_slice())
                 } else {
-                    b.appended_keys.get(&(b.conv.clone(), sender.clone(), client_msg_id.clone())).map(|a| a.hash.as_slice())
+                    b.appended_keys
+                        .get(&(b.conv.clone(), sender.clone(), client_msg_id.clone()))
+                        .map(|a| a.hash.as_slice())
                 };
                 body = text.as_deref();
             }

@@ -159,7 +159,7 @@ impl BatchBuilder {
             self.require(standing, Permission::Mute, "your role may not mute the group")?;
         }
         if let Some(Some(ms)) = patch.retention_ms {
-            if self.retention_ms.is_none_or(|now| ms < now) {
+            if !self.retention_ms.is_some_and(|now| ms >= now) {
                 self.require(standing, Permission::Dismiss, "only the owner shortens the retention")?;
             }
         }
@@ -326,7 +326,8 @@ mod tests {
     #[test]
     fn only_the_dismiss_bit_shortens_the_retention() {
         let (mut b, mut r) = arrange(JoinMode::Invite);
-        let retention = |ms: Option<i64>| GroupChange::Update(ProfilePatch { retention_ms: Some(ms), ..Default::default() });
+        let retention =
+            |ms: Option<i64>| GroupChange::Update(ProfilePatch { retention_ms: Some(ms), ..Default::default() });
         let refused = Err(Rejection::Forbidden("only the owner shortens the retention".into()));
         assert_eq!(op(&mut b, &mut r, "a", retention(Some(1))), refused, "from unlimited");
         assert_eq!(op(&mut b, &mut r, "o", retention(Some(60_000))), Ok(Written::Changed { seq: 5 }));
