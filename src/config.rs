@@ -407,6 +407,17 @@ pub struct LimitSettings {
         default_value_t = LimitSettings::default().max_connections_per_user
     )]
     pub max_connections_per_user: usize,
+
+    /// (conversation, user) pairs the stranger gate remembers as having been
+    /// members, on this node (about 150 bytes each). A pair it does not
+    /// remember costs one indexed query at its next write.
+    #[arg(
+        long = "gate-pairs",
+        value_name = "COUNT",
+        env = "IMCORE_GATE_PAIRS",
+        default_value_t = LimitSettings::default().gate_pairs
+    )]
+    pub gate_pairs: usize,
 }
 
 impl Default for LimitSettings {
@@ -417,6 +428,7 @@ impl Default for LimitSettings {
             body_timeout_ms: 10_000,
             max_connections_per_ip: 1024,
             max_connections_per_user: 128,
+            gate_pairs: 200_000,
         }
     }
 }

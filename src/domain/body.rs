@@ -4,6 +4,11 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+/// The fingerprint a recall leaves in place of its message's: with the body
+/// gone, the SHA-256 of a guessed text must not be checkable against it. No
+/// body hashes to it, and a replay of the key is answered as the same request.
+pub const ERASED_FINGERPRINT: [u8; 32] = [0; 32];
+
 /// PROTOCOL §1: at most 16 KiB serialized compactly (configurable).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024;
 
@@ -48,6 +53,12 @@ impl Body {
 
     pub fn fingerprint(&self) -> &[u8; 32] {
         &self.fingerprint
+    }
+
+    /// Whether a send of this body replays the one stored with `fingerprint`:
+    /// the same body, or any body once the stored one was recalled.
+    pub fn replays(&self, fingerprint: &[u8]) -> bool {
+        fingerprint == self.fingerprint || fingerprint == ERASED_FINGERPRINT
     }
 
     /// `body.mention_all == true` needs the `AT_ALL` permission bit.

@@ -9,7 +9,7 @@ mod rejection;
 mod text;
 mod time;
 
-pub use body::{Body, BodyError, DEFAULT_MAX_BODY_BYTES};
+pub use body::{Body, BodyError, DEFAULT_MAX_BODY_BYTES, ERASED_FINGERPRINT};
 pub use event::{Event, EventKind, LeaveReason, DISMISSED_CHANGE};
 pub use group::{
     DeliveryMode, JoinMode, Permission, Role, Standing, ADMIN_BITS, MAX_DURATION_MS, MAX_GROUP_SIZE, MAX_INVITE_USERS,

@@ -7,6 +7,7 @@
 //!   `admin_guard` — the budget of failed admin authentications per address.
 //! * `caps` — connections per IP address and WebSocket devices per user.
 //! * `create_rate` — the per-user limit on conversations created per minute.
+//! * `gate` — write ops of strangers to a conversation refused before its writer.
 //! * `request` — a device request parsed and checked at the edge.
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
@@ -29,6 +30,7 @@ mod client;
 mod create_rate;
 mod error;
 mod fields;
+mod gate;
 mod group;
 mod health;
 mod http;
@@ -45,8 +47,9 @@ use actix::Recipient;
 use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 use dashmap::DashMap;
+use futures_util::future::Either;
 use imcore_actors::registry::ConnId;
-use imcore_actors::ConvId;
+use imcore_actors::{ConvId, UserId};
 
 pub use error::ApiError;
 
@@ -80,6 +83,7 @@ pub struct AppState {
     /// Devices in WebSocket session per user.
     pub per_user: Arc<caps::PerUser>,
     create_rate: create_rate::CreateRate,
+    gate: Arc<gate::Gate>,
     refused_tokens: auth::RefusedTokens,
     admin_guard: admin_guard::AdminGuard,
     /// Set once graceful shutdown began: upgrades are refused, sessions leave.
@@ -106,6 +110,7 @@ impl AppState {
             per_ip: caps::PerIp::new(config.limits.max_connections_per_ip),
             per_user: caps::PerUser::new(config.limits.max_connections_per_user),
             create_rate: create_rate::CreateRate::new(config.limits.create_per_minute),
+            gate: Arc::new(gate::Gate::new(config.limits.gate_pairs)),
             refused_tokens: auth::RefusedTokens::default(),
             admin_guard: admin_guard::AdminGuard::default(),
             config,
@@ -113,9 +118,42 @@ impl AppState {
         }
     }
 
-    /// Writes `op` at `conv`'s home node: here, or forwarded to it (ARCHITECTURE §7).
+    /// Writes `op` at `conv`'s home node: here, or forwarded to it
+    /// (ARCHITECTURE §7), once the stranger gate let it through (`gate`).
+    /// Queued before returning when the gate knows the caller (P6); else
+    /// behind the caller's other ops to `conv` waiting for the same check.
     pub fn write(&self, conv: ConvId, op: WriteOp) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
-        write_at_home(self.bus.as_deref(), &self.writer, conv, op)
+        let user = op.caller().clone();
+        let answer = match self.gate.enter(&conv, &user, op) {
+            gate::Entry::Go(op) => return Either::Left(write_at_home(self.bus.as_deref(), &self.writer, conv, op)),
+            gate::Entry::Wait { check, answer } => {
+                if check {
+                    self.check_access(conv, user);
+                }
+                answer
+            }
+        };
+        Either::Right(async move {
+            answer.await.unwrap_or_else(|_| Err(WriteFailure::internal("a write waiting at the gate was dropped")))
+        })
+    }
+
+    /// Runs the gate's check of `user` to `conv` in a task of its own.
+    fn check_access(&self, conv: ConvId, user: UserId) {
+        let (gate, store, bus, writer) = (self.gate.clone(), self.store.clone(), self.bus.clone(), self.writer.clone());
+        actix_web::rt::spawn(async move {
+            let access = |join| {
+                let (store, conv, user) = (store.clone(), conv.clone(), user.clone());
+                async move { Ok(store.access(&conv, &user, join).await?) }
+            };
+            let write = |conv, op, tx: tokio::sync::oneshot::Sender<_>| {
+                let written = write_at_home(bus.as_deref(), &writer, conv, op);
+                actix_web::rt::spawn(async move {
+                    let _ = tx.send(written.await);
+                });
+            };
+            gate.settle(&conv, &user, access, write).await;
+        });
     }
 
     pub fn shutting_down(&self) -> bool {

@@ -261,19 +261,57 @@ impl Store {
 }
 
 /// The conversation if `caller` was ever a member of it, else `NOT_MEMBER`
-/// (also for one that does not exist: no existence leak).
+/// (also for one that does not exist: no existence leak). A former member
+/// sees it as of its last `leave` (PROTOCOL §5): `head` at that seq, and the
+/// settings and member count its `leave` recorded (`left_view`), so nothing
+/// done after it shows.
 async fn read_conversation(
     c: &impl GenericClient,
     conv: &ConvId,
     caller: &UserId,
 ) -> Result<ConversationInfo, StoreError> {
     let sql = format!(
-        "SELECT {CONVERSATION_COLUMNS} FROM conversations c WHERE c.conv_id = $1
-           AND EXISTS (SELECT 1 FROM membership_periods p WHERE p.conv_id = c.conv_id AND p.user_id = $2)"
+        "SELECT {CONVERSATION_COLUMNS}, p.to_seq, p.left_view FROM conversations c
+          CROSS JOIN LATERAL (SELECT to_seq, left_view FROM membership_periods p
+                               WHERE p.conv_id = c.conv_id AND p.user_id = $2 ORDER BY from_seq DESC LIMIT 1) p
+          WHERE c.conv_id = $1"
     );
     let row = c
         .query_typed_opt(&sql, &[(&conv.as_str(), Type::TEXT), (&caller.as_str(), Type::TEXT)])
         .await?
         .ok_or(Rejection::NotMember)?;
-    conversation_from_row(&row)
+    let mut info = conversation_from_row(&row)?;
+    if let Some(left_at) = row.get::<_, Option<i64>>(16) {
+        info.head = info.head.min(left_at);
+    }
+    let left = row
+        .get::<_, Option<serde_json::Value>>(17)
+        .map(serde_json::from_value::<LeftView>)
+        .transpose()
+        .map_err(|_| StoreError::Undecodable("membership_periods.left_view"))?;
+    if let Some(v) = left {
+        info.name = v.name;
+        info.owner = v.owner;
+        info.join_mode = decoded(v.join_mode.parse(), "left_view.join_mode")?;
+        info.delivery_mode = decoded(v.delivery_mode.parse(), "left_view.delivery_mode")?;
+        (info.max_member, info.member_count, info.mute_all) = (v.max_member, v.member_count, v.mute_all);
+        (info.recall_window_ms, info.retention_ms) = (v.recall_window_ms, v.retention_ms);
+        // Active when it left: a dismissal since is news from after.
+        info.dismissed = false;
+    }
+    Ok(info)
+}
+
+/// `membership_periods.left_view`, written by the batch of the `leave`.
+#[derive(serde::Deserialize)]
+struct LeftView {
+    name: Option<String>,
+    owner: Option<String>,
+    join_mode: String,
+    max_member: i32,
+    member_count: i32,
+    mute_all: bool,
+    delivery_mode: String,
+    recall_window_ms: i64,
+    retention_ms: Option<i64>,
 }

@@ -8,6 +8,7 @@
 //! (a second round trip). The conversation row lock is held across round
 //! trips, not across fsync (ARCHITECTURE §3).
 
+mod access;
 mod accounts;
 mod changes;
 mod commit_stage;
@@ -27,6 +28,7 @@ mod write;
 
 use crate::config::StoreSettings;
 
+pub use access::Access;
 pub use accounts::{token_hash, DeviceToken, TokenOwner};
 pub use changes::{InboxDelta, SINCE_MAX_AGE, SINCE_MAX_CHANGED};
 use commit_stage::CommitStage;

@@ -65,22 +65,36 @@ pub struct SyncPage {
     pub truncated: bool,
 }
 
+/// A former member's head is where its last period ended: later activity is
+/// none of its business (PROTOCOL §5 `get_conversation`).
 const HEADER: &str = "
-SELECT c.next_seq - 1, c.min_seq, c.epoch
+SELECT least(c.next_seq - 1, p.to_seq), c.min_seq, c.epoch
   FROM conversations c
- WHERE c.conv_id = $1
-   AND EXISTS (SELECT 1 FROM membership_periods p WHERE p.conv_id = c.conv_id AND p.user_id = $2)";
+ CROSS JOIN LATERAL (SELECT to_seq FROM membership_periods p
+                      WHERE p.conv_id = c.conv_id AND p.user_id = $2 ORDER BY from_seq DESC LIMIT 1) p
+ WHERE c.conv_id = $1";
 
-/// Forward page: $3 after, $4 head (the snapshot bound), $5 limit.
+/// Forward page: $3 after, $4 head (the snapshot bound), $5 limit. The log
+/// is gapless from `min_seq` (P1) and `$3 >= min_seq - 1`, so a period holds
+/// exactly `least(to_seq, head) - greatest(after, from_seq - 1)` events of
+/// the page's range: each period reads only what the periods before it left
+/// of the page (`before`), and those past a full page are not read at all,
+/// however many periods the user had (ARCHITECTURE §4).
 pub const SYNC_FORWARD: &str = "
-SELECT e.* FROM membership_periods p
+SELECT e.* FROM (
+  SELECT * FROM (
+    SELECT p.conv_id, p.from_seq, p.to_seq,
+           coalesce(sum(greatest(0, least(p.to_seq, $4) - greatest($3, p.from_seq - 1)))
+                      OVER (ORDER BY p.from_seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::int8 AS before
+      FROM membership_periods p
+     WHERE p.conv_id = $1 AND p.user_id = $2 AND coalesce(p.to_seq, $4) > $3) w
+   WHERE w.before < $5) p
  CROSS JOIN LATERAL (
    SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device,
           e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled
      FROM events e
     WHERE e.conv_id = p.conv_id AND e.seq > greatest($3, p.from_seq - 1) AND e.seq <= least(p.to_seq, $4)
-    ORDER BY e.seq LIMIT $5) e
- WHERE p.conv_id = $1 AND p.user_id = $2 AND coalesce(p.to_seq, $4) > $3
+    ORDER BY e.seq LIMIT $5 - p.before) e
  ORDER BY e.seq LIMIT $5";
 
 /// Backward page: $3 before, $4 head, $5 limit, $6 min_seq.

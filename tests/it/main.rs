@@ -26,6 +26,7 @@ mod groups;
 mod harness;
 mod inbox;
 mod input_forms;
+mod leaks;
 mod limits;
 mod overload;
 mod persistence;

@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use super::batch::BatchBuilder;
 use super::prepared::Conn;
-use crate::domain::{Event, EventKind};
+use crate::domain::{Event, EventKind, ERASED_FINGERPRINT};
 use crate::store::StoreError;
 
 /// Column arrays of the events of a transaction, for one multi-row INSERT.
@@ -71,10 +71,13 @@ impl<'a> EventColumns<'a> {
                 snd = Some(sender.as_str());
                 dev = Some(sender_device.as_str());
                 key = Some(client_msg_id.as_str());
-                hash = b
-                    .appended_keys
-                    .get(&(b.conv.clone(), sender.clone(), client_msg_id.clone()))
-                    .map(|a| a.hash.as_slice());
+                hash = if *recalled {
+                    Some(ERASED_FINGERPRINT.as_slice())
+                } else {
+                    b.appended_keys
+                        .get(&(b.conv.clone(), sender.clone(), client_msg_id.clone()))
+                        .map(|a| a.hash.as_slice())
+                };
                 body = text.as_deref();
             }
             EventKind::Join { subject, actor } => {
@@ -131,7 +134,9 @@ pub(super) async fn append_events(tx: Conn<'_>, builders: &[(usize, BatchBuilder
         now = Some(b.now);
     }
     let Some(now) = now else { return Ok(()) };
-    let rest: [&(dyn ToSql + Sync); 7] = [&now, &convs, &next_seqs, &bumps, &counts, &erased_convs, &erased_seqs];
+    let erased: &[u8] = &ERASED_FINGERPRINT;
+    let rest: [&(dyn ToSql + Sync); 8] =
+        [&now, &convs, &next_seqs, &bumps, &counts, &erased_convs, &erased_seqs, &erased];
     tx.client.execute(&tx.prepared.append, &[&cols.params()[..], &rest].concat()).await?;
     Ok(())
 }

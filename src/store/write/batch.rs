@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ConvId, UserId};
+use serde_json::json;
 
 use super::lookup::{ConvRow, RequestKey, SendAckWithHash};
 use super::ops::ProfilePatch;
@@ -43,6 +44,10 @@ pub(super) struct BatchBuilder {
     pub(super) max_member: i32,
     pub(super) delivery_mode: DeliveryMode,
     pub(super) recall_window_ms: i64,
+    /// As of the ops checked so far; `None`: unlimited.
+    pub(super) retention_ms: Option<i64>,
+    pub(super) name: Option<String>,
+    pub(super) owner: Option<UserId>,
 }
 
 /// A change to the membership rows, written in order after the checks.
@@ -52,9 +57,11 @@ pub(super) enum MemberChange {
         seq: i64,
         role: Role,
     },
+    /// `view`: the conversation as its leaver last saw it ([`BatchBuilder::view`]).
     Close {
         user: UserId,
         seq: i64,
+        view: String,
     },
     /// Role, its `until`, extra bits and mute of a current member.
     Standing {
@@ -117,6 +124,9 @@ impl BatchBuilder {
             max_member: row.max_member,
             delivery_mode: row.delivery_mode,
             recall_window_ms: row.recall_window_ms,
+            retention_ms: row.retention_ms,
+            name: row.name.clone(),
+            owner: row.owner.clone(),
         }
     }
 
@@ -138,6 +148,23 @@ impl BatchBuilder {
                 (*body, *recalled) = (None, true);
             }
         }
+    }
+
+    /// The conversation as it stands after the ops checked so far: what a
+    /// member leaving now keeps seeing (`get_conversation`, PROTOCOL §5).
+    pub(super) fn view(&self) -> String {
+        json!({
+            "name": self.name,
+            "owner": self.owner.as_ref().map(UserId::as_str),
+            "join_mode": self.join_mode.as_str(),
+            "max_member": self.max_member,
+            "member_count": self.member_count,
+            "mute_all": self.mute_all,
+            "delivery_mode": self.delivery_mode.as_str(),
+            "recall_window_ms": self.recall_window_ms,
+            "retention_ms": self.retention_ms,
+        })
+        .to_string()
     }
 
     pub(super) fn version_bump(&self) -> i64 {

@@ -146,15 +146,22 @@ impl BatchBuilder {
             self.member_changes.push(MemberChange::Standing { user: who.clone(), standing: now });
         }
         self.membership_changes += 1;
-        self.profile.owner = Some(user.clone());
+        (self.owner, self.profile.owner) = (Some(user.clone()), Some(user.clone()));
         Ok(self.changed(actor, json!({"owner": {"from": actor, "to": user}})))
     }
 
-    /// `update_group`: `EDIT_INFO`, and `MUTE` for `mute_all`.
+    /// `update_group`: `EDIT_INFO`, `MUTE` for `mute_all`, and `DISMISS` for
+    /// a `retention_ms` that shortens the retention: a purge under it erases
+    /// history, which only who may dismiss the group may decide.
     fn update(&mut self, actor: &UserId, standing: &Standing, patch: &ProfilePatch) -> WriteOutcome {
         self.require(standing, Permission::EditInfo, "your role may not edit the group")?;
         if patch.mute_all.is_some() {
             self.require(standing, Permission::Mute, "your role may not mute the group")?;
+        }
+        if let Some(Some(ms)) = patch.retention_ms {
+            if !self.retention_ms.is_some_and(|now| ms >= now) {
+                self.require(standing, Permission::Dismiss, "only the owner shortens the retention")?;
+            }
         }
         if patch.max_member.is_some_and(|n| n < self.member_count) {
             return Err(Rejection::BadRequest(format!(
@@ -165,7 +172,7 @@ impl BatchBuilder {
         let mut change = Map::new();
         let s = &mut self.profile.settings;
         if let Some(name) = &patch.name {
-            s.name = Some(name.clone());
+            (self.name, s.name) = (Some(name.clone()), Some(name.clone()));
             change.insert("name".into(), name.as_str().into());
         }
         if let Some(mode) = patch.join_mode {
@@ -185,11 +192,11 @@ impl BatchBuilder {
             change.insert("delivery_mode".into(), mode.as_str().into());
         }
         if let Some(ms) = patch.recall_window_ms {
-            s.recall_window_ms = Some(ms);
+            (self.recall_window_ms, s.recall_window_ms) = (ms, Some(ms));
             change.insert("recall_window_ms".into(), ms.into());
         }
         if let Some(ms) = patch.retention_ms {
-            s.retention_ms = Some(ms);
+            (self.retention_ms, s.retention_ms) = (ms, Some(ms));
             change.insert("retention_ms".into(), ms.into());
         }
         Ok(self.changed(actor, json!({ "profile": change })))
@@ -207,7 +214,7 @@ mod tests {
 
     use super::super::batch::{BatchBuilder, MemberChange};
     use super::super::lookup::ConvRow;
-    use super::super::ops::{GroupChange, GroupOp, Invited, Written};
+    use super::super::ops::{GroupChange, GroupOp, Invited, ProfilePatch, Written};
     use super::super::Roster;
     use crate::domain::{DeliveryMode, JoinMode, Rejection, Role, Standing};
 
@@ -229,6 +236,9 @@ mod tests {
             delivery_mode: DeliveryMode::Push,
             now: Utc::now(),
             recall_window_ms: 120_000,
+            retention_ms: None,
+            name: None,
+            owner: None,
         };
         let mut roster = Roster::default();
         for (u, role) in [("o", Role::Owner), ("a", Role::Admin), ("m", Role::Member), ("n", Role::Member)] {
@@ -311,5 +321,20 @@ mod tests {
         assert_eq!(op(&mut b, &mut r, "m", GroupChange::Leave), Err(Rejection::ConvDismissed));
         assert_eq!(op(&mut b, &mut r, "x", GroupChange::Join), Err(Rejection::ConvDismissed));
         assert!(r.contains_key(&uid("m")));
+    }
+
+    #[test]
+    fn only_the_dismiss_bit_shortens_the_retention() {
+        let (mut b, mut r) = arrange(JoinMode::Invite);
+        let retention =
+            |ms: Option<i64>| GroupChange::Update(ProfilePatch { retention_ms: Some(ms), ..Default::default() });
+        let refused = Err(Rejection::Forbidden("only the owner shortens the retention".into()));
+        assert_eq!(op(&mut b, &mut r, "a", retention(Some(1))), refused, "from unlimited");
+        assert_eq!(op(&mut b, &mut r, "o", retention(Some(60_000))), Ok(Written::Changed { seq: 5 }));
+        assert_eq!(op(&mut b, &mut r, "a", retention(Some(59_999))), refused, "shorter");
+        assert_eq!(op(&mut b, &mut r, "a", retention(Some(60_000))), Ok(Written::Changed { seq: 6 }), "the same");
+        assert_eq!(op(&mut b, &mut r, "a", retention(Some(90_000))), Ok(Written::Changed { seq: 7 }), "longer");
+        assert_eq!(op(&mut b, &mut r, "a", retention(None)), Ok(Written::Changed { seq: 8 }), "unlimited");
+        assert_eq!(op(&mut b, &mut r, "a", retention(Some(90_000))), refused, "judged against this batch's");
     }
 }

@@ -11,6 +11,7 @@ use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
 use super::prepared::Conn;
 use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
 use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
+use crate::store::error::decoded;
 use crate::store::StoreError;
 
 /// The locked conversation row.
@@ -29,6 +30,10 @@ pub(super) struct ConvRow {
     /// Transaction time, in ms: the `created_at` of everything the batch appends.
     pub(super) now: DateTime<Utc>,
     pub(super) recall_window_ms: i64,
+    /// `None`: unlimited.
+    pub(super) retention_ms: Option<i64>,
+    pub(super) name: Option<String>,
+    pub(super) owner: Option<UserId>,
 }
 
 /// How a write transaction takes its conversation rows.
@@ -59,10 +64,9 @@ async fn lock_conversations(
         LockMode::SkipLocked => &tx.prepared.lock_skip_locked,
     };
     let rows = tx.client.query(statement, &[&ids]).await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let conv = ConvId::parse(r.get(0)).ok()?;
+    rows.iter()
+        .map(|r| {
+            let conv = decoded(ConvId::parse(r.get(0)), "conversations.conv_id")?;
             let row = ConvRow {
                 dismissed: r.get(1),
                 next_seq: r.get(2),
@@ -70,15 +74,18 @@ async fn lock_conversations(
                 member_count: r.get(4),
                 max_member: r.get(5),
                 mute_all: r.get(6),
-                join_mode: r.get::<_, &str>(7).parse().unwrap_or(JoinMode::Invite),
-                delivery_mode: r.get::<_, &str>(8).parse().unwrap_or(DeliveryMode::Push),
+                join_mode: decoded(r.get::<_, &str>(7).parse(), "conversations.join_mode")?,
+                delivery_mode: decoded(r.get::<_, &str>(8).parse(), "conversations.delivery_mode")?,
                 now: r.get(9),
                 group: r.get(10),
                 recall_window_ms: r.get(11),
+                retention_ms: r.get(12),
+                name: r.get(13),
+                owner: decoded(r.get::<_, Option<&str>>(14).map(UserId::parse).transpose(), "conversations.owner")?,
             };
-            Some((conv, row))
+            Ok((conv, row))
         })
-        .collect())
+        .collect()
 }
 
 /// Which conversations of `jobs` exist, read without locking (a row another

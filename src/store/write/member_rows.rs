@@ -18,8 +18,8 @@ SELECT $1, u, r, s FROM unnest($2::text[], $3::int8[], $4::text[]) AS j(u, s, r)
 
 const CLOSE_PERIODS: &str = "
 WITH closed AS (
-  UPDATE membership_periods p SET to_seq = l.s, closed_at = now()
-    FROM unnest($2::text[], $3::int8[]) AS l(u, s)
+  UPDATE membership_periods p SET to_seq = l.s, closed_at = now(), left_view = l.v::jsonb
+    FROM unnest($2::text[], $3::int8[], $4::text[]) AS l(u, s, v)
    WHERE p.conv_id = $1 AND p.user_id = l.u AND p.to_seq IS NULL)
 DELETE FROM members WHERE conv_id = $1 AND user_id = ANY($2)";
 
@@ -94,7 +94,7 @@ pub(super) async fn write_member_changes(
 
 /// A run of opening (or of closing) periods, in one statement.
 async fn periods(tx: &Client, conv: &str, run: &[MemberChange]) -> Result<(), StoreError> {
-    let (mut users, mut seqs, mut roles) = (vec![], vec![], vec![]);
+    let (mut users, mut seqs, mut roles, mut views) = (vec![], vec![], vec![], vec![]);
     for change in run {
         match change {
             MemberChange::Open { user, seq, role } => {
@@ -102,16 +102,21 @@ async fn periods(tx: &Client, conv: &str, run: &[MemberChange]) -> Result<(), St
                 seqs.push(*seq);
                 roles.push(role.as_str());
             }
-            MemberChange::Close { user, seq } => {
+            MemberChange::Close { user, seq, view } => {
                 users.push(user.as_str());
                 seqs.push(*seq);
+                views.push(view.as_str());
             }
             _ => {}
         }
     }
     if roles.is_empty() {
-        let params =
-            [(&conv as &(dyn ToSql + Sync), Type::TEXT), (&users, Type::TEXT_ARRAY), (&seqs, Type::INT8_ARRAY)];
+        let params = [
+            (&conv as &(dyn ToSql + Sync), Type::TEXT),
+            (&users, Type::TEXT_ARRAY),
+            (&seqs, Type::INT8_ARRAY),
+            (&views, Type::TEXT_ARRAY),
+        ];
         tx.execute_typed(CLOSE_PERIODS, &params).await?;
     } else {
         tx.execute_typed(

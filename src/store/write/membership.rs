@@ -186,7 +186,8 @@ impl BatchBuilder {
         members.remove(user);
         self.member_count -= 1;
         self.membership_changes += 1;
-        self.member_changes.push(MemberChange::Close { user: user.clone(), seq });
+        let view = self.view();
+        self.member_changes.push(MemberChange::Close { user: user.clone(), seq, view });
         seq
     }
 }

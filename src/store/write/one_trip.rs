@@ -203,6 +203,9 @@ mod tests {
             delivery_mode: DeliveryMode::Push,
             now: Utc::now(),
             recall_window_ms: 120_000,
+            retention_ms: None,
+            name: None,
+            owner: None,
         };
         let mut known = Roster::default();
         for (u, standing) in roster {

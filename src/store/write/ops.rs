@@ -26,6 +26,17 @@ pub enum WriteOp {
 }
 
 impl WriteOp {
+    /// Who asks: the sender, the user joined or left, the caller of a group op or recall.
+    pub fn caller(&self) -> &UserId {
+        match self {
+            WriteOp::Send(s) => &s.sender,
+            WriteOp::Join(j) => &j.user,
+            WriteOp::Leave(l) => &l.user,
+            WriteOp::Recall(r) => &r.actor,
+            WriteOp::Group(g) => &g.actor,
+        }
+    }
+
     /// Every user whose standing in the conversation the op's rules read:
     /// the caller, and the users it names. No allocation: it runs for every
     /// op of every batch.

@@ -14,8 +14,8 @@ macro_rules! lock_conversations_sql {
     ($wait:literal) => {
         concat!(
             "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
-            "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms ",
-            "FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
+            "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms, ",
+            "retention_ms, name, owner FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
         )
     };
@@ -52,7 +52,8 @@ SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms F
   JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
 
 /// Every event of every conversation of the transaction, the bodies its
-/// recalls erase, and every conversation row, in one statement.
+/// recalls erase (with their fingerprints, `ERASED_FINGERPRINT` = `$23`),
+/// and every conversation row, in one statement.
 const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
@@ -61,7 +62,7 @@ WITH appended AS (
     FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
                 $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[]) AS e),
 erased AS (
-  UPDATE events e SET body = NULL, recalled = true
+  UPDATE events e SET body = NULL, recalled = true, request_hash = $23
     FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
    WHERE e.conv_id = r.conv AND e.seq = r.seq)
 UPDATE conversations c
@@ -151,6 +152,7 @@ impl Prepared {
             T::INT4_ARRAY,
             T::TEXT_ARRAY,
             T::INT8_ARRAY,
+            T::BYTEA,
         ];
         let expected = [
             T::TEXT,

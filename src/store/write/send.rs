@@ -16,7 +16,7 @@ impl BatchBuilder {
         let key = (self.conv.clone(), op.sender.clone(), op.client_msg_id.clone());
         let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
         if let Some(earlier) = earlier {
-            return if earlier.hash == op.body.fingerprint() {
+            return if op.body.replays(&earlier.hash) {
                 Ok(Written::Sent(SendAck { dup: true, ..earlier.ack.clone() }))
             } else {
                 Err(Rejection::IdempotencyMismatch)
@@ -25,7 +25,7 @@ impl BatchBuilder {
         // A purged send's key is never appended again (P9): the same request
         // learns its original went, a different one that the key is taken.
         if let Some(hash) = prior.get(&key).and_then(|p| p.tombstone.as_deref()) {
-            return Err(if hash == op.body.fingerprint() {
+            return Err(if op.body.replays(hash) {
                 Rejection::IdempotencyKeyExpired
             } else {
                 Rejection::IdempotencyMismatch

@@ -280,7 +280,9 @@ impl Rules {
             ("join", _) if member => return "ALREADY_MEMBER",
             ("join", Place::Approval) => return "ok:pending",
             ("join", _) => return "ok",
-            ("send", Place::Dismissed) => return "CONV_DISMISSED",
+            // Anyone who was ever a member; a stranger is turned away before
+            // the conversation is looked at (no existence leak).
+            ("send", Place::Dismissed) if who != Who::NonMember => return "CONV_DISMISSED",
             (_, Place::Direct) => return "FORBIDDEN",
             _ => {}
         }
