@@ -12,7 +12,7 @@ use imcore::startup::Application;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
-use crate::cluster_harness::Nats;
+use crate::cluster_harness::{Nats, CLUSTER_KEY, NODE_PASSWORD, NODE_USER};
 use crate::evidence::Check;
 use crate::harness::TestDb;
 use crate::input_forms::row_counts;
@@ -245,7 +245,13 @@ async fn a_refused_upgrade_on_a_clustered_node_draws_no_connection_id() {
          one accepted upgrade then draws exactly one id (the measure moves)",
     );
     let nats = Nats::start().await;
-    let s = TestServer::with(|c| c.nats_url = Some(nats.url())).await;
+    let s = TestServer::with(|c| {
+        c.nats_url = Some(nats.url());
+        c.bus.nats_user = Some(NODE_USER.into());
+        c.bus.nats_password = Some(NODE_PASSWORD.into());
+        c.bus.cluster_key = Some(CLUSTER_KEY.into());
+    })
+    .await;
     let ana = s.user("u-ana").await;
     let db = s.db.client().await;
     let drawn = || async {
