@@ -117,6 +117,7 @@ pub mod delivery;
 pub mod domain;
 pub mod gateway;
 pub mod metrics;
+pub mod online;
 pub mod pg;
 pub mod protocol;
 pub mod startup;

@@ -32,6 +32,7 @@ use crate::config::DeliverySettings;
 use crate::metrics::metrics;
 use crate::store::{Appended, Membership};
 pub use conn::{Conn, KickReason, PendingHeads, Push, Routes};
+pub use lane::Signal;
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
 pub use order::REORDER_WAIT;
 use order::{Admitted, Reorder};
@@ -216,6 +217,15 @@ impl Delivery {
             if Some(&device) != except {
                 route.recipient.send(frame.clone());
             }
+        }
+    }
+
+    /// Sends `signal` to the current members of its conversation online on
+    /// this node (every lane looks among its own users); never waits.
+    pub fn signal(&self, signal: Signal) {
+        let signal = Arc::new(signal);
+        for lane in &self.lanes {
+            let _ = lane.input.send(LaneInput::Signal(signal.clone()));
         }
     }
 

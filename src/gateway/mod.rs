@@ -4,7 +4,8 @@
 //!
 //! # Layout
 //! * `auth` — device and admin bearer tokens, refusals remembered briefly.
-//! * `create_rate` — the per-user limit on conversations created per minute.
+//! * `create_rate` — the per-user limit on conversations created per minute;
+//!   `typing_rate` — the `typing` throttle per device and conversation.
 //! * `request` — a device request parsed and checked at the edge.
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
@@ -15,8 +16,9 @@
 //! # Pushes
 //! A push is a text frame without `id`, named by its `"push"` key:
 //! `{"push": "event", "conv_id", "event"}`, `{"push": "events", "conv_id", "events"}`,
-//! `{"push": "head", "conv_id", "head"}`, `{"push": "read", "conv_id", "read_seq"}`,
-//! `{"push": "kicked", "reason"}`.
+//! `{"push": "head", "conv_id", "head"}`, `{"push": "read", "conv_id", "user_id", "read_seq"}`,
+//! `{"push": "typing", "conv_id", "user_id", "on"}`, `{"push": "presence", "user_id", "online",
+//! "last_seen"}`, `{"push": "kicked", "reason"}`.
 
 mod admin;
 mod auth;
@@ -30,6 +32,7 @@ mod http;
 pub mod ops;
 mod request;
 mod session;
+mod typing_rate;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +52,7 @@ use crate::cluster::{write_at_home, Bus};
 use crate::config::Config;
 use crate::delivery::{Delivery, Push};
 use crate::metrics::metrics;
+use crate::online::Online;
 use crate::store::{Store, WriteOp, Written};
 use crate::writer::{WriteFailure, Writer};
 
@@ -69,7 +73,10 @@ pub struct AppState {
     /// Bytes of bodies queued on the writer and of pushes queued for
     /// connections, all clients together (`limits.memory_budget_bytes`).
     pub budget: Arc<MemoryBudget>,
+    /// Who is online, and the announcements of changes (PROTOCOL v1.2).
+    pub online: Arc<Online>,
     create_rate: create_rate::CreateRate,
+    typing_rate: typing_rate::TypingRate,
     refused_tokens: auth::RefusedTokens,
     /// Set once graceful shutdown began: upgrades are refused, sessions leave.
     shutting_down: AtomicBool,
@@ -85,6 +92,7 @@ impl AppState {
         config: Arc<Config>,
     ) -> Self {
         Self {
+            online: Online::new(store.clone(), delivery.clone(), config.live.presence_grace()),
             store,
             writer,
             bus,
@@ -93,6 +101,7 @@ impl AppState {
             sessions: DashMap::new(),
             budget: MemoryBudget::new(config.limits.memory_budget_bytes),
             create_rate: create_rate::CreateRate::new(config.limits.create_per_minute),
+            typing_rate: typing_rate::TypingRate::new(config.live.typing_interval()),
             refused_tokens: auth::RefusedTokens::default(),
             config,
             shutting_down: AtomicBool::new(false),

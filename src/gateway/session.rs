@@ -69,6 +69,7 @@ pub async fn upgrade(
         fragments: None,
         oversized,
         heads: Arc::default(),
+        online: false,
     };
     // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
     let response = ws::WsResponseBuilder::new(session, &req, stream)
@@ -100,6 +101,8 @@ pub struct WsSession {
     oversized: Rc<Cell<bool>>,
     /// `pull`-mode heads delivery queued for this connection (`Push::Head`).
     heads: Arc<PendingHeads>,
+    /// Counted online (`AppState::online`): uncounted when it stops.
+    online: bool,
 }
 
 impl Actor for WsSession {
@@ -140,6 +143,8 @@ impl Actor for WsSession {
         }
         self.recheck_token(ctx);
         self.subscribe(ctx);
+        self.state.online.connect(&self.owner.user_id);
+        self.online = true;
         let (every, timeout) = (self.state.config.ws.ping(), self.state.config.ws.timeout());
         ctx.run_interval(every, move |act, ctx| {
             if act.last_heard.elapsed() >= timeout {
@@ -157,6 +162,9 @@ impl Actor for WsSession {
         // Compare-and-remove: a newer connection's route stays (P7).
         self.state.delivery.routes().unregister(&self.owner.user_id, &self.owner.device_id, self.conn_id);
         self.state.delivery.unsubscribe(&self.owner.user_id, self.conn_id);
+        if std::mem::take(&mut self.online) {
+            self.state.online.disconnect(&self.owner.user_id);
+        }
         self.state.sessions.remove(&self.conn_id);
     }
 }

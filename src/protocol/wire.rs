@@ -134,8 +134,18 @@ pub fn push_head(conv_id: &str, head: i64) -> String {
     json!({"push": "head", "conv_id": conv_id, "head": head}).to_string()
 }
 
-pub fn push_read(conv_id: &str, read_seq: i64) -> String {
-    json!({"push": "read", "conv_id": conv_id, "read_seq": read_seq}).to_string()
+/// `user_id`: whose cursor moved (the user's own other devices get it too).
+pub fn push_read(conv_id: &str, user_id: &str, read_seq: i64) -> String {
+    json!({"push": "read", "conv_id": conv_id, "user_id": user_id, "read_seq": read_seq}).to_string()
+}
+
+pub fn push_typing(conv_id: &str, user_id: &str, on: bool) -> String {
+    json!({"push": "typing", "conv_id": conv_id, "user_id": user_id, "on": on}).to_string()
+}
+
+/// `last_seen`: when the user's last device went away (`null` while online).
+pub fn push_presence(user_id: &str, online: bool, last_seen: Option<String>) -> String {
+    json!({"push": "presence", "user_id": user_id, "online": online, "last_seen": last_seen}).to_string()
 }
 
 /// `reason`: `replaced` | `token_revoked` | `shutdown`.
