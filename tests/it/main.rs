@@ -24,6 +24,7 @@ mod harness;
 mod inbox;
 mod input_forms;
 mod limits;
+mod live;
 mod overload;
 mod persistence;
 mod presence;
