@@ -27,12 +27,20 @@ impl MemoryBudget {
     /// uncontended; `used` never exceeds `limit`, even transiently, so the
     /// gauge never reads over it.
     pub fn try_acquire(self: &Arc<Self>, n: usize) -> Option<Permit> {
+        self.take(n).then(|| Permit { budget: self.clone(), bytes: n })
+    }
+
+    /// A permit of no bytes, to grow with what it pays for ([`Permit::try_grow`]).
+    pub fn empty(self: &Arc<Self>) -> Permit {
+        Permit { budget: self.clone(), bytes: 0 }
+    }
+
+    fn take(&self, n: usize) -> bool {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(n).filter(|&after| after <= self.limit)
             })
-            .ok()?;
-        Some(Permit { budget: self.clone(), bytes: n })
+            .is_ok()
     }
 
     /// Bytes held by live permits now.
@@ -50,6 +58,24 @@ impl MemoryBudget {
 pub struct Permit {
     budget: Arc<MemoryBudget>,
     bytes: usize,
+}
+
+impl Permit {
+    /// `n` more bytes, if the budget has them.
+    pub fn try_grow(&mut self, n: usize) -> bool {
+        let taken = self.budget.take(n);
+        if taken {
+            self.bytes += n;
+        }
+        taken
+    }
+
+    /// Gives `n` of its bytes back (at most all of them).
+    pub fn shrink(&mut self, n: usize) {
+        let n = n.min(self.bytes);
+        self.bytes -= n;
+        self.budget.used.fetch_sub(n, Ordering::AcqRel);
+    }
 }
 
 impl Drop for Permit {
@@ -74,6 +100,21 @@ mod tests {
         drop(b);
         assert_eq!(budget.in_use(), 0);
         assert!(budget.try_acquire(usize::MAX).is_none(), "no overflow");
+    }
+
+    #[test]
+    fn a_permit_grows_within_the_limit_and_shrinks() {
+        let budget = MemoryBudget::new(100);
+        let mut p = budget.empty();
+        assert!(p.try_grow(70));
+        assert!(!p.try_grow(31), "over the limit is refused and takes nothing");
+        assert_eq!(budget.in_use(), 70);
+        p.shrink(50);
+        p.shrink(500);
+        assert_eq!(budget.in_use(), 0, "never gives back more than it holds");
+        assert!(p.try_grow(10));
+        drop(p);
+        assert_eq!(budget.in_use(), 0);
     }
 
     #[test]

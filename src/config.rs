@@ -39,7 +39,9 @@ pub struct Config {
     #[arg(long, env = "IMCORE_DATA_DIR", default_value = DEFAULT_DATA_DIR, global = true)]
     pub data_dir: PathBuf,
 
-    /// Admin bearer token. Unset: generated once and kept in `<data_dir>/admin-token`.
+    /// Admin bearer token, at least 32 characters (the server refuses to
+    /// start with a shorter one). Unset: generated once and kept in
+    /// `<data_dir>/admin-token`.
     #[arg(long, env = "IMCORE_ADMIN_TOKEN", hide_env_values = true, global = true)]
     pub admin_token: Option<String>,
 
@@ -74,6 +76,9 @@ pub struct Config {
     #[arg(long, env = "IMCORE_NATS_URL")]
     pub nats_url: Option<String>,
 
+    #[command(flatten)]
+    pub bus: BusSettings,
+
     /// With a bus and the actor write path: each conversation's writes go to
     /// one home node (ARCHITECTURE §7). Off: every node writes locally, under
     /// the row lock.
@@ -95,6 +100,10 @@ const DEFAULT_DATA_DIR: &str = "./var";
 
 /// Bytes of event bodies in one `sync` page, unless configured otherwise.
 pub const SYNC_DEFAULT_MAX_BYTES: usize = 1024 * 1024;
+
+/// The shortest admin token the server starts with: guessing it must stay
+/// hopeless at any rate (the generated one has 64 hex characters).
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
 
 /// Where the generated admin token is kept (when none is configured).
 pub fn admin_token_path(data_dir: &Path) -> PathBuf {
@@ -119,6 +128,7 @@ impl Config {
             live: LiveSettings::default(),
             workers: 0,
             nats_url: None,
+            bus: BusSettings::default(),
             home_node: true,
             log: "warn".into(),
             sync_max_bytes: SYNC_DEFAULT_MAX_BYTES,
@@ -294,6 +304,18 @@ pub struct WsSettings {
     )]
     pub max_inflight: usize,
 
+    /// WebSocket: bytes of replies and frames one connection has waiting to be
+    /// written to its socket; while over it, its requests that read the
+    /// database answer `OVERLOADED` without running (a client that does not
+    /// read cannot make the server hold its replies).
+    #[arg(
+        long = "ws-max-unwritten-bytes",
+        value_name = "BYTES",
+        env = "IMCORE_WS_MAX_UNWRITTEN_BYTES",
+        default_value_t = WsSettings::default().max_unwritten_bytes
+    )]
+    pub max_unwritten_bytes: usize,
+
     /// WebSocket: requests of one connection doing database work at once
     /// (sends excepted); the rest of its in-flight requests wait their turn,
     /// so one connection holds at most this many pooled connections.
@@ -315,6 +337,7 @@ impl Default for WsSettings {
             mailbox: 256,
             max_inflight: 64,
             max_concurrent: 4,
+            max_unwritten_bytes: 2 * 1024 * 1024,
         }
     }
 }
@@ -354,11 +377,58 @@ pub struct LimitSettings {
         default_value_t = LimitSettings::default().create_per_minute
     )]
     pub create_per_minute: u32,
+
+    /// Ms to read an HTTP request body, from when its handler starts reading;
+    /// past it `REQUEST_TIMEOUT` and the connection is closed. The head has
+    /// actix-web's own 5 s. 0: no limit.
+    #[arg(
+        long = "body-timeout-ms",
+        value_name = "MS",
+        env = "IMCORE_BODY_TIMEOUT_MS",
+        default_value_t = LimitSettings::default().body_timeout_ms
+    )]
+    pub body_timeout_ms: u64,
+
+    /// TCP connections (HTTP and WebSocket) open at once from one IP address,
+    /// loopback included; past it a new connection is answered
+    /// `TOO_MANY_CONNECTIONS` and closed at once. 0: no limit (behind a
+    /// proxy every client has the proxy's address: cap there instead).
+    #[arg(
+        long = "max-connections-per-ip",
+        value_name = "COUNT",
+        env = "IMCORE_MAX_CONNECTIONS_PER_IP",
+        default_value_t = LimitSettings::default().max_connections_per_ip
+    )]
+    pub max_connections_per_ip: usize,
+
+    /// Devices of one user with a WebSocket session at once; past it an
+    /// upgrade of another device is refused `TOO_MANY_CONNECTIONS` (a device
+    /// reconnecting replaces its own session and is always let in). 0: no limit.
+    #[arg(
+        long = "max-connections-per-user",
+        value_name = "COUNT",
+        env = "IMCORE_MAX_CONNECTIONS_PER_USER",
+        default_value_t = LimitSettings::default().max_connections_per_user
+    )]
+    pub max_connections_per_user: usize,
 }
 
 impl Default for LimitSettings {
     fn default() -> Self {
-        Self { memory_budget_bytes: 512 * 1024 * 1024, create_per_minute: 60 }
+        Self {
+            memory_budget_bytes: 512 * 1024 * 1024,
+            create_per_minute: 60,
+            body_timeout_ms: 10_000,
+            max_connections_per_ip: 1024,
+            max_connections_per_user: 128,
+        }
+    }
+}
+
+impl LimitSettings {
+    /// The body read timeout, `None` for none.
+    pub fn body_timeout(&self) -> Option<Duration> {
+        (self.body_timeout_ms > 0).then(|| Duration::from_millis(self.body_timeout_ms))
     }
 }
 
@@ -446,6 +516,85 @@ impl RetentionSettings {
 impl Default for RetentionSettings {
     fn default() -> Self {
         Self { interval_ms: 60_000, chunk: 1_000, tombstone_horizon_ms: 0 }
+    }
+}
+
+/// The cluster bus as a trust boundary (ARCHITECTURE §7): how a node
+/// authenticates to NATS, and the key every bus message is signed with.
+#[derive(Clone, Args)]
+pub struct BusSettings {
+    /// NATS user (with `IMCORE_NATS_PASSWORD`).
+    #[arg(long, env = "IMCORE_NATS_USER", requires = "nats_password", conflicts_with_all = ["nats_nkey", "nats_creds"])]
+    pub nats_user: Option<String>,
+
+    /// NATS password of `IMCORE_NATS_USER`.
+    #[arg(long, env = "IMCORE_NATS_PASSWORD", hide_env_values = true, requires = "nats_user")]
+    pub nats_password: Option<String>,
+
+    /// NATS nkey seed (`SU…`) to authenticate with.
+    #[arg(long, env = "IMCORE_NATS_NKEY", hide_env_values = true, conflicts_with = "nats_creds")]
+    pub nats_nkey: Option<String>,
+
+    /// NATS credentials file (a user JWT and its nkey seed).
+    #[arg(long, env = "IMCORE_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+
+    /// CA certificate (PEM) NATS's certificate is checked against; set, the
+    /// connection must be TLS.
+    #[arg(long, env = "IMCORE_NATS_TLS_CA")]
+    pub nats_tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for NATS servers that verify clients (with `IMCORE_NATS_TLS_KEY`).
+    #[arg(long, env = "IMCORE_NATS_TLS_CERT", requires = "nats_tls_key")]
+    pub nats_tls_cert: Option<PathBuf>,
+
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "IMCORE_NATS_TLS_KEY", requires = "nats_tls_cert")]
+    pub nats_tls_key: Option<PathBuf>,
+
+    /// Key shared by the nodes of this cluster, at least 32 bytes: every bus
+    /// message is signed with it (HMAC-SHA256), and one not signed with it is
+    /// dropped. Required with `IMCORE_NATS_URL`.
+    #[arg(long, env = "IMCORE_CLUSTER_KEY", hide_env_values = true)]
+    pub cluster_key: Option<String>,
+
+    /// A bus message signed more than this many ms before or after this
+    /// node's clock is dropped (a replay, or clocks too far apart).
+    #[arg(long, env = "IMCORE_BUS_MAX_AGE_MS", default_value_t = BusSettings::default().max_age_ms)]
+    pub max_age_ms: u64,
+}
+
+impl Default for BusSettings {
+    fn default() -> Self {
+        Self {
+            nats_user: None,
+            nats_password: None,
+            nats_nkey: None,
+            nats_creds: None,
+            nats_tls_ca: None,
+            nats_tls_cert: None,
+            nats_tls_key: None,
+            cluster_key: None,
+            max_age_ms: 30_000,
+        }
+    }
+}
+
+/// Secrets shown only as set or not.
+impl std::fmt::Debug for BusSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |s: &Option<String>| s.as_ref().map(|_| "<set>");
+        f.debug_struct("BusSettings")
+            .field("nats_user", &self.nats_user)
+            .field("nats_password", &set(&self.nats_password))
+            .field("nats_nkey", &set(&self.nats_nkey))
+            .field("nats_creds", &self.nats_creds)
+            .field("nats_tls_ca", &self.nats_tls_ca)
+            .field("nats_tls_cert", &self.nats_tls_cert)
+            .field("nats_tls_key", &self.nats_tls_key)
+            .field("cluster_key", &set(&self.cluster_key))
+            .field("max_age_ms", &self.max_age_ms)
+            .finish()
     }
 }
 

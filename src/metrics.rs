@@ -58,6 +58,10 @@ pub struct Metrics {
     pub forwarded_writes: IntCounterVec,
     /// Nodes taking homes, this one included, as this node knows them.
     pub cluster_nodes: IntGauge,
+    /// Messages from the bus dropped unread (ARCHITECTURE §7), by `reason`:
+    /// `unsigned`, `bad_signature`, `stale`, `replayed`, `malformed` (signed, does not
+    /// decode or is out of range), `refused_op` (a forwarded op no client sends).
+    pub bus_rejected: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -136,6 +140,14 @@ fn build() -> Result<Metrics, prometheus::Error> {
     let cluster_nodes = IntGauge::new("cluster_nodes", "Nodes taking conversations' homes, this one included")?;
     registry.register(Box::new(forwarded_writes.clone()))?;
     registry.register(Box::new(cluster_nodes.clone()))?;
+    let bus_rejected = IntCounterVec::new(
+        Opts::new(
+            "bus_rejected_total",
+            "Bus messages dropped: reason=unsigned|bad_signature|stale|replayed|malformed|refused_op",
+        ),
+        &["reason"],
+    )?;
+    registry.register(Box::new(bus_rejected.clone()))?;
     Ok(Metrics {
         registry,
         requests,
@@ -155,6 +167,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         retention_run,
         forwarded_writes,
         cluster_nodes,
+        bus_rejected,
     })
 }
 

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Server;
+use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpServer};
 use rand::RngCore;
 use tokio::sync::Notify;
 
 use crate::cluster::{Bus, BusError};
-use crate::config::{admin_token_path, Config, RetentionSettings, WritePath, SHUTDOWN_GRACE};
+use crate::config::{admin_token_path, Config, RetentionSettings, WritePath, MIN_ADMIN_TOKEN_CHARS, SHUTDOWN_GRACE};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
 use crate::store::{Store, StoreError};
@@ -32,6 +33,11 @@ pub enum StartupError {
     Io(&'static str, #[source] std::io::Error),
     #[error("cluster bus: {0}")]
     Bus(#[from] BusError),
+    #[error(
+        "the admin token (IMCORE_ADMIN_TOKEN, --admin-token or <data-dir>/admin-token) has {chars} characters; \
+         it needs at least {MIN_ADMIN_TOKEN_CHARS} (e.g. `openssl rand -hex 32`)"
+    )]
+    WeakAdminToken { chars: usize },
 }
 
 pub struct Application {
@@ -45,6 +51,14 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: Config) -> Result<Self, StartupError> {
+        let admin_token = match &config.admin_token {
+            Some(t) => t.clone(),
+            None => admin_token_file(&config.data_dir)?,
+        };
+        let chars = admin_token.chars().count();
+        if chars < MIN_ADMIN_TOKEN_CHARS {
+            return Err(StartupError::WeakAdminToken { chars });
+        }
         let (database_url, embedded_pg) = match &config.database_url {
             Some(url) => (url.clone(), None),
             None => {
@@ -55,10 +69,6 @@ impl Application {
         let store = Store::connect_with(&database_url, &config.store).await?;
         let applied = store.migrate().await?;
         tracing::info!(applied, "schema is current");
-        let admin_token = match &config.admin_token {
-            Some(t) => t.clone(),
-            None => admin_token_file(&config.data_dir)?,
-        };
         let listener = TcpListener::bind(config.listen).map_err(|e| StartupError::Io("bind listener", e))?;
         set_tcp_user_timeout(&listener, config.ws.timeout_ms)
             .map_err(|e| StartupError::Io("set TCP_USER_TIMEOUT", e))?;
@@ -67,19 +77,25 @@ impl Application {
         let bus = match &config.nats_url {
             Some(url) => {
                 let homes = config.home_node && writer.path() == WritePath::Actor;
-                Some(Bus::join(url, &delivery, &writer, homes).await?)
+                Some(Bus::join(url, &config.bus, config.max_body_bytes, &delivery, &writer, homes).await?)
             }
             None => None,
         };
         let workers = config.workers;
         let state = web::Data::new(AppState::new(store, writer, bus, delivery, admin_token, Arc::new(config)));
-        let app_state = state.clone();
-        let mut http = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(gateway::routes))
-            // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.
-            .disable_signals()
-            // Small frames (acks, pushes) must not wait out Nagle against the peer's delayed ACK.
-            .tcp_nodelay(true)
-            .shutdown_timeout(SHUTDOWN_GRACE.as_secs());
+        let (app_state, per_ip) = (state.clone(), state.per_ip.clone());
+        let mut http = HttpServer::new(move || {
+            App::new()
+                .wrap(from_fn(gateway::caps::refused_connection))
+                .app_data(app_state.clone())
+                .configure(gateway::routes)
+        })
+        .on_connect(move |io, ext| per_ip.on_connect(io, ext))
+        // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.
+        .disable_signals()
+        // Small frames (acks, pushes) must not wait out Nagle against the peer's delayed ACK.
+        .tcp_nodelay(true)
+        .shutdown_timeout(SHUTDOWN_GRACE.as_secs());
         if workers > 0 {
             http = http.workers(workers);
         }

@@ -19,6 +19,11 @@
 //! * `imcore.write.<node>` — a write forwarded to the conversation's home
 //!   node, a request answered on the forwarding node's inbox.
 //!
+//! Every message is sealed by its sender and opened here before anything
+//! reads it (`seal`); one that does not open is dropped and counted — it is
+//! never taken for "the bus lost something" (ARCHITECTURE §7, the bus as a
+//! trust boundary).
+//!
 //! Core NATS delivers at most once, in publish order per publishing
 //! connection. Whatever may have been lost makes the users concerned resync
 //! (their connections close with 1013; the clients reconnect and sync,
@@ -38,20 +43,21 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use async_nats::{Client, ConnectOptions, Event, Message, Subscriber};
-use bytes::Bytes;
+use async_nats::{Client, ConnectOptions, Event, Message, StatusCode, Subscriber};
 use futures_util::StreamExt;
 use imcore_actors::registry::ConnId;
 use imcore_actors::{ConvId, DeviceId, UserId};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::forward::{self, Forward, PendingWrites, Route, WRITES};
 use super::home::{Homes, HEARTBEAT};
+use super::node::NodeId;
 use super::publisher::{round_trip, Claim, Outbound, Publisher, Revoked, BATCHES, LOST, OUTBOX, REVOKED, ROUTES};
 use super::routing::{settle, Settled};
+use super::seal::{Opened, Refused, Seal, MIN_KEY_BYTES};
+use crate::config::BusSettings;
 use crate::delivery::{Delivery, KickReason, Peers, Push, REORDER_WAIT};
 use crate::metrics::metrics;
 use crate::store::{Appended, WriteOp};
@@ -59,6 +65,9 @@ use crate::writer::Writer;
 
 const CONFIRM: &str = "imcore.confirm";
 const NODES: &str = "imcore.node";
+/// This node's request inboxes: under `imcore.>` like the rest, so one NATS
+/// permission covers everything a node publishes and hears.
+const INBOXES: &str = "imcore.inbox";
 
 /// Messages waiting in this node's subscriptions; past it NATS drops them
 /// and reports a slow consumer (every user here resyncs).
@@ -72,32 +81,16 @@ const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 /// a minute).
 const PING_EVERY: Duration = Duration::from_secs(5);
 
-/// This process's name in the cluster: random per start, so a restarted node
-/// is a new one.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct NodeId(String);
-
-impl NodeId {
-    fn random() -> Self {
-        Self(format!("imcore-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    #[cfg(test)]
-    pub fn named(name: &str) -> Self {
-        Self(name.to_owned())
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
     #[error("cannot connect to NATS at {url}: {cause}")]
     Connect { url: String, cause: String },
     #[error("cannot start the bus thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error("IMCORE_CLUSTER_KEY must be set, at least {MIN_KEY_BYTES} bytes, when IMCORE_NATS_URL is")]
+    Key,
+    #[error("cannot read the NATS credentials file {path}: {cause}")]
+    Credentials { path: String, cause: std::io::Error },
 }
 
 /// Outbox slots forwarded writes never take (a quarter of it).
@@ -130,18 +123,31 @@ impl Peers for Bus {
 }
 
 impl Bus {
-    /// Connects this node to NATS at `url` and joins `delivery` to the
-    /// cluster. With `homes`, this node takes conversations' homes and writes
-    /// what other nodes forward to it with `writer`, and forwards its own
-    /// writes to their homes (`home::write_at_home`). Returns once the
+    /// Connects this node to NATS at `url`, authenticated as `settings`
+    /// say, and joins `delivery` to the cluster. With `homes`, this node
+    /// takes conversations' homes and writes what other nodes forward to it
+    /// with `writer` (bodies up to `max_body` bytes), and forwards its own
+    /// writes to their homes (`write_at_home`). Returns once the
     /// subscriptions are in place; the bus stops when `delivery` is dropped.
-    pub async fn join(url: &str, delivery: &Arc<Delivery>, writer: &Writer, homes: bool) -> Result<Arc<Bus>, BusError> {
+    pub async fn join(
+        url: &str,
+        settings: &BusSettings,
+        max_body: usize,
+        delivery: &Arc<Delivery>,
+        writer: &Writer,
+        homes: bool,
+    ) -> Result<Arc<Bus>, BusError> {
         let node = NodeId::random();
+        let key = settings.cluster_key.as_deref().unwrap_or_default();
+        let max_age = Duration::from_millis(settings.max_age_ms);
+        let seal = Arc::new(Seal::new(key, node.clone(), max_age).ok_or(BusError::Key)?);
         let homes = homes.then(|| Arc::new(Homes::new(node.clone())));
         let serving = homes.as_ref().map(|homes| (writer.clone(), homes.clone()));
         let (events_in, events) = mpsc::unbounded_channel();
-        let options = ConnectOptions::new()
+        let options = authenticated(ConnectOptions::new(), settings)
+            .await?
             .name(node.as_str())
+            .custom_inbox_prefix(INBOXES)
             // Our own batches and claims are not for us.
             .no_echo()
             .subscription_capacity(INBOX)
@@ -187,6 +193,8 @@ impl Bus {
                             let reconnected = Arc::new(Notify::new());
                             let inbound = Inbound {
                                 client: client.clone(),
+                                seal: seal.clone(),
+                                max_body,
                                 delivery: weak,
                                 answers,
                                 reconnected: reconnected.clone(),
@@ -194,7 +202,6 @@ impl Bus {
                                 down: false,
                                 serving,
                                 pending: pending.clone(),
-                                node: node_name,
                             };
                             tokio::spawn(inbound.run(subs, events));
                             let publisher = Publisher {
@@ -205,6 +212,7 @@ impl Bus {
                                 unconfirmed: Vec::new(),
                                 confirm_subject,
                                 pending,
+                                seal,
                             };
                             publisher.run().await;
                         }
@@ -253,6 +261,26 @@ impl Bus {
         }
         metrics().kicks.with_label_values(&["bus_outbox_lost"]).inc();
     }
+}
+
+/// `options` with the credentials and TLS `settings` name.
+async fn authenticated(options: ConnectOptions, settings: &BusSettings) -> Result<ConnectOptions, BusError> {
+    let mut options = match (&settings.nats_user, &settings.nats_password, &settings.nats_nkey, &settings.nats_creds) {
+        (Some(user), Some(password), _, _) => options.user_and_password(user.clone(), password.clone()),
+        (_, _, Some(seed), _) => options.nkey(seed.clone()),
+        (_, _, _, Some(path)) => options
+            .credentials_file(path)
+            .await
+            .map_err(|cause| BusError::Credentials { path: path.display().to_string(), cause })?,
+        _ => options,
+    };
+    if let Some(ca) = &settings.nats_tls_ca {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&settings.nats_tls_cert, &settings.nats_tls_key) {
+        options = options.add_client_certificate(cert.clone(), key.clone()).require_tls(true);
+    }
+    Ok(options)
 }
 
 struct Subscriptions {
@@ -305,16 +333,21 @@ impl Subscriptions {
 }
 
 enum Input {
-    Batch(Message),
-    Claim(Message),
-    Revoked(Message),
-    Lost,
+    Bus(Kind, Message),
     Event(Event),
     Tick,
     Heartbeat,
-    Node(Message),
-    Write(Message),
-    Answer(Message),
+}
+
+/// Which subscription a message came on.
+enum Kind {
+    Batch,
+    Claim,
+    Revoked,
+    Lost,
+    Node,
+    Write,
+    Answer,
 }
 
 /// The next message of a subscription this node may not have.
@@ -328,6 +361,9 @@ async fn next(subscriber: Option<&mut Subscriber>) -> Option<Message> {
 /// What comes in from the bus, handed to this node's delivery.
 struct Inbound {
     client: Client,
+    seal: Arc<Seal>,
+    /// The body limit forwarded sends are held to.
+    max_body: usize,
     delivery: Weak<Delivery>,
     /// For answering an older claim with ours; weak, so that the outbox
     /// closes with the delivery that owns it.
@@ -341,7 +377,6 @@ struct Inbound {
     /// live nodes its heartbeats keep.
     serving: Option<(Writer, Arc<Homes>)>,
     pending: Arc<PendingWrites>,
-    node: String,
 }
 
 impl Inbound {
@@ -360,57 +395,102 @@ impl Inbound {
             let input = tokio::select! {
                 _ = reorder_ticks.tick() => Input::Tick,
                 _ = heartbeats.tick(), if takes_homes => Input::Heartbeat,
-                Some(m) = subs.batches.next() => Input::Batch(m),
-                Some(m) = subs.routes.next() => Input::Claim(m),
-                Some(m) = subs.revoked.next() => Input::Revoked(m),
-                Some(_) = subs.lost.next() => Input::Lost,
-                Some(m) = next(nodes) => Input::Node(m),
-                Some(m) = next(writes) => Input::Write(m),
-                Some(m) = next(answers) => Input::Answer(m),
+                Some(m) = subs.batches.next() => Input::Bus(Kind::Batch, m),
+                Some(m) = subs.routes.next() => Input::Bus(Kind::Claim, m),
+                Some(m) = subs.revoked.next() => Input::Bus(Kind::Revoked, m),
+                Some(m) = subs.lost.next() => Input::Bus(Kind::Lost, m),
+                Some(m) = next(nodes) => Input::Bus(Kind::Node, m),
+                Some(m) = next(writes) => Input::Bus(Kind::Write, m),
+                Some(m) = next(answers) => Input::Bus(Kind::Answer, m),
                 Some(event) = events.recv() => Input::Event(event),
                 else => return,
             };
             // Not held while waiting: the bus must not keep delivery alive.
             let Some(delivery) = self.delivery.upgrade() else { return };
             match input {
-                Input::Batch(m) => Self::batch(&delivery, &m),
-                Input::Claim(m) => self.claim(&delivery, &m),
-                Input::Revoked(m) => match serde_json::from_slice::<Revoked>(&m.payload) {
-                    Ok(r) => delivery.kick_revoked(&r.user, &r.device),
-                    Err(e) => tracing::warn!(error = %e, "bus: a revocation that does not decode"),
-                },
-                Input::Lost => {
-                    tracing::warn!("bus: another node lost batches: every user here resyncs");
-                    delivery.resync_all();
-                }
                 Input::Event(event) => self.event(&delivery, event).await,
                 Input::Tick => delivery.expire_reordered(),
                 Input::Heartbeat => self.heartbeat().await,
-                Input::Node(m) => self.heard(&m),
-                Input::Write(m) => {
-                    if let Some((writer, _)) = &self.serving {
-                        forward::serve(&self.client, writer, m);
-                    }
+                Input::Bus(Kind::Answer, m) if m.status == Some(StatusCode::NO_RESPONDERS) => {
+                    self.pending.not_there(&m.subject)
                 }
-                Input::Answer(m) => self.pending.answered(&m),
+                Input::Bus(kind, m) => {
+                    let Some(opened) = self.open(&m) else { continue };
+                    self.heard_on(kind, &delivery, &m, opened);
+                }
             }
         }
     }
 
-    fn batch(delivery: &Delivery, m: &Message) {
-        match serde_json::from_slice::<Appended>(&m.payload) {
-            Ok(appended) => delivery.from_peer(appended),
+    /// `m` opened, or counted and dropped.
+    fn open(&self, m: &Message) -> Option<Opened> {
+        let reply = m.reply.as_ref().map(|r| r.as_str());
+        match self.seal.open(&m.subject, reply, &m.payload, SystemTime::now()) {
+            Ok(opened) => Some(opened),
+            Err(refused) => {
+                refused.count(&m.subject);
+                None
+            }
+        }
+    }
+
+    /// What another node said, signed.
+    fn heard_on(&self, kind: Kind, delivery: &Delivery, m: &Message, opened: Opened) {
+        let payload = &opened.payload[..];
+        match kind {
+            Kind::Batch => Self::batch(delivery, &m.subject, payload),
+            Kind::Claim => self.claim(delivery, &m.subject, payload),
+            Kind::Revoked => match serde_json::from_slice::<Revoked>(payload) {
+                Ok(r) => delivery.kick_revoked(&r.user, &r.device),
+                Err(_) => Refused::Malformed.count(&m.subject),
+            },
+            Kind::Lost => {
+                tracing::warn!(
+                    node = opened.sender.as_str(),
+                    "bus: another node lost batches: every user here resyncs"
+                );
+                delivery.resync_all();
+            }
+            Kind::Node => {
+                if let Some((_, homes)) = &self.serving {
+                    homes.heard(opened.sender, Instant::now());
+                }
+            }
+            Kind::Write => match (&self.serving, &m.reply) {
+                (Some((writer, _)), Some(reply)) => {
+                    forward::serve(&self.client, &self.seal, writer, self.max_body, payload, reply.to_string())
+                }
+                _ => Refused::Malformed.count(&m.subject),
+            },
+            Kind::Answer => self.pending.answered(&m.subject, payload),
+        }
+    }
+
+    /// A signed batch that does not decode was still a batch of a node of
+    /// ours (another version?): lost to the users here, who resync.
+    fn batch(delivery: &Delivery, subject: &str, payload: &[u8]) {
+        match serde_json::from_slice::<Appended>(payload) {
+            Ok(appended)
+                if subject.strip_prefix(BATCHES).and_then(|c| c.strip_prefix('.'))
+                    == Some(appended.conv_id.as_str()) =>
+            {
+                delivery.from_peer(appended)
+            }
+            Ok(_) => Refused::Malformed.count(subject),
             Err(e) => {
-                tracing::warn!(subject = %m.subject, error = %e, "bus: a batch that does not decode: every user here resyncs");
+                Refused::Malformed.count(subject);
+                tracing::warn!(subject, error = %e, "bus: a signed batch that does not decode: every user here resyncs");
                 delivery.resync_all();
             }
         }
     }
 
-    fn claim(&self, delivery: &Delivery, m: &Message) {
-        let claim = match serde_json::from_slice::<Claim>(&m.payload) {
-            Ok(c) => c,
-            Err(e) => return tracing::warn!(error = %e, "bus: a route claim that does not decode"),
+    /// Connection ids come from a PostgreSQL `bigint` sequence: a claim past
+    /// it is no claim.
+    fn claim(&self, delivery: &Delivery, subject: &str, payload: &[u8]) {
+        let claim = match serde_json::from_slice::<Claim>(payload) {
+            Ok(c) if (1..=i64::MAX as u64).contains(&c.conn) => c,
+            _ => return Refused::Malformed.count(subject),
         };
         let claimed = ConnId::from_cluster_sequence(claim.conn);
         match settle(delivery.routes(), &claim.user, &claim.device, claimed) {
@@ -434,12 +514,7 @@ impl Inbound {
         let Some((_, homes)) = &self.serving else { return };
         homes.expire(Instant::now());
         self.pending.forget_abandoned();
-        let _ = self.client.publish(NODES, Bytes::from(self.node.clone())).await;
-    }
-
-    fn heard(&self, m: &Message) {
-        let (Some((_, homes)), Ok(node)) = (&self.serving, std::str::from_utf8(&m.payload)) else { return };
-        homes.heard(NodeId(node.to_owned()), Instant::now());
+        let _ = self.client.publish(NODES, self.seal.seal(NODES, None, &[])).await;
     }
 
     async fn event(&mut self, delivery: &Delivery, event: Event) {
@@ -468,6 +543,9 @@ impl Inbound {
                 tracing::warn!("bus: NATS dropped messages for this node (slow consumer): every user here resyncs");
                 delivery.resync_all();
             }
+            // A permission violation among them: NATS's configuration does
+            // not give this node's user all of `imcore.>` (README recipe).
+            Event::ServerError(e) => tracing::warn!(error = %e, "bus: NATS refused something this node did"),
             other => tracing::debug!(event = %other, "bus event"),
         }
     }

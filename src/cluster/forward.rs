@@ -1,22 +1,28 @@
 //! Writes forwarded to their conversation's home node over the bus
 //! (ARCHITECTURE §7): what crosses (`imcore.write.<node>`, a request answered
 //! on the forwarding node's inbox), the forwarding node's table of writes
-//! waiting for their answers, and the home node's side that writes them.
+//! waiting for their answers, and the home node's side that writes them —
+//! only the ops a client can send, in the forms the gateway checks.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use async_nats::{Client, Message, StatusCode};
-use bytes::Bytes;
+use std::collections::HashSet;
+
+use async_nats::Client;
 use imcore_actors::ConvId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use super::NodeId;
-use crate::domain::Rejection;
+use super::node::NodeId;
+use super::seal::{Refused, Seal};
+use crate::domain::{
+    check_text, Rejection, Role, ADMIN_BITS, MAX_ALIAS_CHARS, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE,
+    MAX_INVITE_USERS,
+};
 use crate::metrics::metrics;
-use crate::store::{WriteOp, Written};
+use crate::store::{GroupChange, ProfilePatch, WriteOp, Written};
 use crate::writer::{WriteFailure, Writer};
 
 /// `imcore.write.<node>`: the writes forwarded to that node.
@@ -120,13 +126,14 @@ impl PendingWrites {
     pub(super) async fn publish(
         &self,
         client: &Client,
+        seal: &Seal,
         home: NodeId,
         forward: Forward,
         reply: oneshot::Sender<Forwarded>,
     ) {
         let pending = Pending { reply, forward };
         let bytes = match serde_json::to_vec(&pending.forward) {
-            Ok(b) => Bytes::from(b),
+            Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "bus: a write that does not encode is written here");
                 return pending.not_there();
@@ -134,8 +141,9 @@ impl PendingWrites {
         };
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         self.table().insert(token, pending);
-        let subject = format!("{WRITES}.{}", home.as_str());
-        if client.publish_with_reply(subject, format!("{}.{token}", self.inbox), bytes).await.is_err() {
+        let (subject, reply) = (format!("{WRITES}.{}", home.as_str()), format!("{}.{token}", self.inbox));
+        let sealed = seal.seal(&subject, Some(&reply), &bytes);
+        if client.publish_with_reply(subject, reply, sealed).await.is_err() {
             // Never queued on the connection: nothing went out, so it is written here.
             let pending = self.table().remove(&token);
             if let Some(pending) = pending {
@@ -144,16 +152,30 @@ impl PendingWrites {
         }
     }
 
-    /// Hands the answer `m` (or NATS's "no responders") to its caller.
-    pub(super) fn answered(&self, m: &Message) {
-        let token = m.subject.rsplit('.').next().and_then(|t| t.parse::<u64>().ok());
-        let Some(pending) = token.and_then(|t| self.table().remove(&t)) else { return };
-        if m.status == Some(StatusCode::NO_RESPONDERS) {
-            return pending.not_there();
+    fn take(&self, subject: &str) -> Option<Pending> {
+        let token = subject.rsplit('.').next().and_then(|t| t.parse::<u64>().ok())?;
+        self.table().remove(&token)
+    }
+
+    /// NATS answered the request on `subject` "no responders": no node
+    /// listens at that home. (A status of the server, which cannot be
+    /// signed; forged, it makes the write be written here too, under the
+    /// row lock, which its key makes safe.)
+    pub(super) fn not_there(&self, subject: &str) {
+        if let Some(pending) = self.take(subject) {
+            pending.not_there();
         }
-        let result = match serde_json::from_slice::<Answer>(&m.payload) {
+    }
+
+    /// Hands the home node's answer on `subject`, already opened, to its caller.
+    pub(super) fn answered(&self, subject: &str, payload: &[u8]) {
+        let Some(pending) = self.take(subject) else { return };
+        let result = match serde_json::from_slice::<Answer>(payload) {
             Ok(answer) => answer.into(),
-            Err(e) => Err(WriteFailure::internal(format!("an answer that does not decode: {e}"))),
+            Err(e) => {
+                Refused::Malformed.count(subject);
+                Err(WriteFailure::internal(format!("an answer that does not decode: {e}")))
+            }
         };
         let _ = pending.reply.send(Forwarded::Answered(result));
     }
@@ -171,22 +193,95 @@ impl PendingWrites {
     }
 }
 
-/// Writes what another node forwarded here with `writer`, and answers it on
-/// `client`. Called in the order the requests came: each op is queued before
-/// this returns.
-pub(super) fn serve(client: &Client, writer: &Writer, m: Message) {
-    let Some(reply_to) = m.reply else { return };
+/// Writes what another node forwarded here (`payload`, opened) with
+/// `writer`, and answers it on `reply_to`. Called in the order the requests
+/// came: each op is queued before this returns. An op that does not decode
+/// or that no client can send is not written: counted and answered `Failed`.
+pub(super) fn serve(
+    client: &Client,
+    seal: &Arc<Seal>,
+    writer: &Writer,
+    max_body: usize,
+    payload: &[u8],
+    reply_to: String,
+) {
     metrics().forwarded_writes.with_label_values(&["served"]).inc();
-    let written = serde_json::from_slice::<Forward>(&m.payload).map(|f| writer.write(f.conv, f.op));
-    let client = client.clone();
+    let written = match serde_json::from_slice::<Forward>(payload) {
+        Ok(f) => match client_op(&f.op, max_body) {
+            Ok(()) => Ok(writer.write(f.conv, f.op)),
+            Err(why) => {
+                Refused::Op.count(&reply_to);
+                tracing::warn!(why, "bus: a forwarded write no client can send, refused");
+                Err(format!("refused at the home node: {why}"))
+            }
+        },
+        Err(e) => {
+            Refused::Malformed.count(&reply_to);
+            Err(format!("the forwarded write does not decode: {e}"))
+        }
+    };
+    let (client, seal) = (client.clone(), seal.clone());
     tokio::spawn(async move {
         let answer = match written {
             Ok(written) => Answer::from(written.await),
-            Err(e) => Answer::Failed(format!("the forwarded write does not decode: {e}")),
+            Err(why) => Answer::Failed(why),
         };
         match serde_json::to_vec(&answer) {
-            Ok(bytes) => drop(client.publish(reply_to, Bytes::from(bytes)).await),
+            Ok(bytes) => {
+                let sealed = seal.seal(&reply_to, None, &bytes);
+                drop(client.publish(reply_to, sealed).await)
+            }
             Err(e) => tracing::error!(error = %e, "bus: an answer that does not encode"),
         }
     });
+}
+
+/// Whether `op` is one the gateway makes from a client's request, in the
+/// forms it checks: a send, a recall, a group op. Never a join or leave
+/// "as such" (those skip every permission check: a new conversation's
+/// members, written where it is created).
+fn client_op(op: &WriteOp, max_body: usize) -> Result<(), &'static str> {
+    match op {
+        WriteOp::Join(_) | WriteOp::Leave(_) => Err("a join or leave without checks"),
+        WriteOp::Send(send) if send.body.text().len() > max_body => Err("a body over the limit"),
+        WriteOp::Send(_) => Ok(()),
+        WriteOp::Recall(recall) if recall.target_seq < 1 => Err("a recall of no message"),
+        WriteOp::Recall(_) => Ok(()),
+        WriteOp::Group(group) => group_change(&group.change),
+    }
+}
+
+/// The checks `gateway::group::parse_change` makes, on the parsed change.
+fn group_change(change: &GroupChange) -> Result<(), &'static str> {
+    let ok = match change {
+        GroupChange::Invite(users) => {
+            (1..=MAX_INVITE_USERS).contains(&users.len()) && users.iter().collect::<HashSet<_>>().len() == users.len()
+        }
+        GroupChange::SetRole { role, until, .. } => match role {
+            Role::Admin => true,
+            Role::Member => until.is_none(),
+            Role::Owner => false,
+        },
+        GroupChange::SetPerms { extra_perms, .. } => extra_perms & !ADMIN_BITS == 0,
+        GroupChange::SetAlias(Some(alias)) => !alias.is_empty() && check_text("alias", alias, MAX_ALIAS_CHARS).is_ok(),
+        GroupChange::Update(patch) => profile_patch(patch),
+        GroupChange::Join
+        | GroupChange::Approve(_)
+        | GroupChange::Reject(_)
+        | GroupChange::Leave
+        | GroupChange::Kick(_)
+        | GroupChange::Mute { .. }
+        | GroupChange::SetAlias(None)
+        | GroupChange::TransferOwner(_)
+        | GroupChange::Dismiss => true,
+    };
+    ok.then_some(()).ok_or("a group op out of its form")
+}
+
+fn profile_patch(p: &ProfilePatch) -> bool {
+    let name = p.name.as_deref().map_or(true, |n| check_text("name", n, MAX_GROUP_NAME_CHARS).is_ok());
+    let members = p.max_member.map_or(true, |m| (1..=MAX_GROUP_SIZE).contains(&i64::from(m)));
+    let window = p.recall_window_ms.map_or(true, |ms| (0..=MAX_DURATION_MS).contains(&ms));
+    let retention = p.retention_ms.map_or(true, |ms| ms.map_or(true, |ms| (1..=MAX_DURATION_MS).contains(&ms)));
+    !p.is_empty() && name && members && window && retention
 }

@@ -13,53 +13,44 @@
 //! connection's writes that straddle the change (P6 for those few).
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use futures_util::future::Either;
 use imcore_actors::ConvId;
 use sha2::{Digest, Sha256};
 
-use super::bus::Bus;
-use super::forward::{Forwarded, Route};
+use super::node::NodeId;
 use crate::metrics::metrics;
-use crate::store::{WriteOp, Written};
-use crate::writer::{WriteFailure, Writer};
 
 /// How often a node taking homes says it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(500);
 /// A node not heard for this long is gone: its conversations move. Four
 /// heartbeats, so one late or lost heartbeat moves nothing.
 pub const NODE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a forwarded write may take at its home before its caller is told
-/// it may or may not have taken effect (a retry with the same key is safe).
-/// Past the write path's own worst case (the lock timeout and a commit).
-pub const FORWARD_WAIT: Duration = Duration::from_secs(10);
 
 /// The nodes that take homes, as this node knows them.
 pub struct Homes {
-    me: super::NodeId,
+    me: NodeId,
     /// The live nodes, this one included.
-    live: RwLock<Arc<[super::NodeId]>>,
+    live: RwLock<Arc<[NodeId]>>,
     /// When each other node was last heard.
-    heard: Mutex<HashMap<super::NodeId, Instant>>,
+    heard: Mutex<HashMap<NodeId, Instant>>,
 }
 
 impl Homes {
-    pub fn new(me: super::NodeId) -> Self {
+    pub fn new(me: NodeId) -> Self {
         Self { live: RwLock::new(Arc::from([me.clone()])), me, heard: Mutex::new(HashMap::new()) }
     }
 
     /// Where `conv`'s writes go: `None` for here.
-    pub fn home_of(&self, conv: &ConvId) -> Option<super::NodeId> {
+    pub fn home_of(&self, conv: &ConvId) -> Option<NodeId> {
         let live = self.live.read().unwrap_or_else(|e| e.into_inner()).clone();
         let home = live.iter().max_by_key(|node| weight(node, conv))?;
         (*home != self.me).then(|| home.clone())
     }
 
     /// `node` said it is alive at `now`.
-    pub(super) fn heard(&self, node: super::NodeId, now: Instant) {
+    pub(super) fn heard(&self, node: NodeId, now: Instant) {
         let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
         if heard.insert(node.clone(), now).is_none() {
             tracing::info!(node = node.as_str(), "cluster: a node takes homes; conversations move to it");
@@ -93,8 +84,8 @@ impl Homes {
         }
     }
 
-    fn publish(&self, heard: &HashMap<super::NodeId, Instant>) {
-        let live: Arc<[super::NodeId]> = heard.keys().cloned().chain([self.me.clone()]).collect();
+    fn publish(&self, heard: &HashMap<NodeId, Instant>) {
+        let live: Arc<[NodeId]> = heard.keys().cloned().chain([self.me.clone()]).collect();
         metrics().cluster_nodes.set(live.len() as i64);
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = live;
     }
@@ -102,54 +93,16 @@ impl Homes {
 
 /// Rendezvous weight of `node` for `conv`: the same on every node and every
 /// build (SHA-256, not the standard library's unspecified hasher).
-fn weight(node: &super::NodeId, conv: &ConvId) -> u64 {
+fn weight(node: &NodeId, conv: &ConvId) -> u64 {
     let digest = Sha256::new().chain_update(node.as_str()).chain_update([0]).chain_update(conv.as_str()).finalize();
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     u64::from_be_bytes(first)
 }
 
-/// Writes `op` at `conv`'s home: queued on this node's `writer` when the home
-/// is here (or there is no bus), else forwarded to the home node over the bus
-/// and answered from there. Either way `op` is queued before this returns, so
-/// one caller's writes keep their order (P6) as on one node.
-///
-/// A home that is not there (no node listens: it died or left before the
-/// others noticed) or a bus that cannot take the request now: written here,
-/// under the row lock like any write. An unanswered forward: `Internal` (it
-/// may have been written; a retry with the same key is safe).
-pub fn write_at_home(
-    bus: Option<&Bus>,
-    writer: &Writer,
-    conv: ConvId,
-    op: WriteOp,
-) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
-    let route = match bus {
-        Some(bus) => bus.forward(conv, op),
-        None => Route::Here(conv, op),
-    };
-    let answer = match route {
-        Route::Here(conv, op) => return Either::Left(writer.write(conv, op)),
-        Route::Forwarded(answer) => answer,
-    };
-    let writer = writer.clone();
-    Either::Right(async move {
-        let (outcome, result) = match tokio::time::timeout(FORWARD_WAIT, answer).await {
-            Ok(Ok(Forwarded::Answered(result))) => ("answered", Some(result)),
-            Ok(Ok(Forwarded::NotThere(conv, op))) => ("not_there", Some(writer.write(conv, op).await)),
-            Ok(Ok(Forwarded::Lost)) | Ok(Err(_)) => ("lost", None),
-            Err(_) => ("unanswered", None),
-        };
-        metrics().forwarded_writes.with_label_values(&[outcome]).inc();
-        result
-            .unwrap_or_else(|| Err(WriteFailure::internal("the write was forwarded to its home node and not answered")))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::NodeId;
 
     fn conv(i: usize) -> ConvId {
         ConvId::parse(&format!("g-{i}")).expect("conv id")

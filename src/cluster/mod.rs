@@ -12,14 +12,20 @@
 //!   answers back.
 //! * `routing` — what a route claim from another node does here (P7 across
 //!   nodes: the connection with the highest cluster-wide id keeps the route).
-//! * `home` — which node a conversation's writes go to, and writing there.
+//! * `home` — which node a conversation's writes go to.
+//! * `write` — writing at a conversation's home, here or forwarded.
+//! * `seal` — every bus message signed with the cluster's key, and checked.
+//! * `node` — a node's name.
 
 mod bus;
 mod forward;
 mod home;
+mod node;
 mod publisher;
 mod routing;
+mod seal;
+mod write;
 
-pub use bus::{Bus, BusError, NodeId};
-pub use home::write_at_home;
+pub use bus::{Bus, BusError};
 pub use routing::{settle, Settled};
+pub use write::write_at_home;

@@ -1,5 +1,6 @@
 //! What a node sends on the bus (ARCHITECTURE §7): the outbox's messages,
-//! published in order, and kept until NATS confirms them (see [`Publisher`]).
+//! sealed, published in order, and kept until NATS confirms them (see
+//! [`Publisher`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::forward::{Forward, Forwarded, PendingWrites};
-use super::NodeId;
+use super::node::NodeId;
+use super::seal::Seal;
 use crate::store::Appended;
 
 pub(super) const BATCHES: &str = "imcore.batch";
@@ -66,8 +68,10 @@ pub(super) struct Publisher {
     pub(super) lost: Arc<AtomicBool>,
     /// Signalled once reconnected, subscriptions confirmed.
     pub(super) reconnected: Arc<Notify>,
-    /// Published and not yet confirmed, in order.
+    /// Published and not yet confirmed, in order; unsealed (sealed again,
+    /// with the time, when published again).
     pub(super) unconfirmed: Vec<(String, Bytes)>,
+    pub(super) seal: Arc<Seal>,
     /// `imcore.confirm.<node>`: nobody subscribes to it.
     pub(super) confirm_subject: String,
     pub(super) pending: Arc<PendingWrites>,
@@ -89,7 +93,9 @@ impl Publisher {
             }
             // Published after whatever it covers: a node that hears it has had
             // every batch of ours that made it.
-            if self.lost.swap(false, Ordering::Relaxed) && self.client.publish(LOST, Bytes::new()).await.is_err() {
+            if self.lost.swap(false, Ordering::Relaxed)
+                && self.client.publish(LOST, self.seal.seal(LOST, None, &[])).await.is_err()
+            {
                 self.lost.store(true, Ordering::Relaxed);
             }
         }
@@ -101,14 +107,14 @@ impl Publisher {
             Outbound::Claim(c) => serde_json::to_vec(&c).map(|b| (ROUTES.to_owned(), b)),
             Outbound::Revoked(r) => serde_json::to_vec(&r).map(|b| (REVOKED.to_owned(), b)),
             Outbound::Forward(home, forward, reply) => {
-                return self.pending.publish(&self.client, home, forward, reply).await
+                return self.pending.publish(&self.client, &self.seal, home, forward, reply).await
             }
         };
         let Ok((subject, bytes)) = encoded else {
             return self.lost.store(true, Ordering::Relaxed);
         };
         let bytes = Bytes::from(bytes);
-        if self.client.publish(subject.clone(), bytes.clone()).await.is_err() {
+        if self.client.publish(subject.clone(), self.seal.seal(&subject, None, &bytes)).await.is_err() {
             return self.lost.store(true, Ordering::Relaxed);
         }
         if self.unconfirmed.len() >= OUTBOX {
@@ -147,7 +153,7 @@ impl Publisher {
             );
         }
         for (subject, bytes) in &self.unconfirmed {
-            if self.client.publish(subject.clone(), bytes.clone()).await.is_err() {
+            if self.client.publish(subject.clone(), self.seal.seal(subject, None, bytes)).await.is_err() {
                 self.lost.store(true, Ordering::Relaxed);
             }
         }

@@ -5,6 +5,10 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 
+/// Most users one `invite` names.
+pub const MAX_INVITE_USERS: usize = 1000;
+/// Largest `max_member` (PROTOCOL §5 `update_group`).
+pub const MAX_GROUP_SIZE: i64 = 100_000;
 /// Longest duration setting (`recall_window_ms`, `retention_ms`): 100 years.
 /// Far past any real use, and far inside what both chrono and PostgreSQL
 /// intervals can add to a time, so no check against one can overflow.

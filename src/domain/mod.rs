@@ -11,7 +11,9 @@ mod time;
 
 pub use body::{Body, BodyError, DEFAULT_MAX_BODY_BYTES};
 pub use event::{Event, EventKind, LeaveReason, DISMISSED_CHANGE};
-pub use group::{DeliveryMode, JoinMode, Permission, Role, Standing, ADMIN_BITS, MAX_DURATION_MS};
+pub use group::{
+    DeliveryMode, JoinMode, Permission, Role, Standing, ADMIN_BITS, MAX_DURATION_MS, MAX_GROUP_SIZE, MAX_INVITE_USERS,
+};
 pub use rejection::Rejection;
 pub use text::{check_text, TextError, MAX_ALIAS_CHARS, MAX_DISPLAY_NAME_CHARS, MAX_GROUP_NAME_CHARS};
 pub use time::{format_time, parse_time};

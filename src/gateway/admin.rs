@@ -26,13 +26,18 @@ async fn admin_user_fields(
     Ok((UserId::parse(string_field(&fields, "user_id")?)?, fields))
 }
 
-/// `{"user_id", "display_name"?}` → 201 `{"user_id"}`; 409 `ALREADY_EXISTS`.
+/// `{"user_id", "display_name"?}` → 201 `{"user_id"}`; 409 `ALREADY_EXISTS`;
+/// a `user_id` with a capital letter → `BAD_REQUEST`.
 async fn create_user(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (user, fields) = admin_user_fields(&state, &req, payload).await?;
+    // PROTOCOL §1: `ANA` would be a second `ana` to every reader.
+    if user.as_str().bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(ApiError::bad_request("a new user_id may not contain capital letters (A-Z)"));
+    }
     let display_name = match fields.get("display_name") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {

@@ -1,5 +1,6 @@
 //! PROTOCOL §3: device tokens (`Authorization: Bearer`, or `?token=` on the
-//! WebSocket upgrade) and the admin token. Tokens are never logged.
+//! WebSocket upgrade) and the admin token. Tokens are never logged; failed
+//! admin authentications are throttled and logged by `admin_guard`.
 //!
 //! Refusals are remembered for a short while ([`RefusedTokens`]) so a client
 //! retrying with a bad token does not cost a database lookup per request.
@@ -15,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::AppState;
+use crate::protocol::ErrorCode;
 use crate::store::{token_hash, TokenOwner};
 
 /// How long a refused token is refused without asking the database.
@@ -91,16 +93,27 @@ pub async fn device(state: &AppState, token: Option<&str>) -> Result<TokenOwner,
 }
 
 /// The admin token, compared in constant time (over SHA-256 digests, so the
-/// lengths leak nothing either).
+/// lengths leak nothing either). A missing or wrong one spends one of the
+/// caller's address's failures; an address that spent them all is refused
+/// `OVERLOADED` before any comparison ([`AdminGuard`](super::admin_guard::AdminGuard)).
 pub fn admin(state: &AppState, req: &HttpRequest) -> Result<(), ApiError> {
-    let given = bearer(req).ok_or_else(ApiError::unauthorized)?;
-    let (a, b) = (Sha256::digest(given.as_bytes()), Sha256::digest(state.admin_token.as_bytes()));
-    let diff = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    if diff == 0 {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
+    let (peer, now) = (req.peer_addr().map(|a| a.ip()), Instant::now());
+    if state.admin_guard.blocked(peer, now) {
+        return Err(ApiError::new(
+            ErrorCode::Overloaded,
+            "too many failed admin authentications from this address; retry in a minute",
+        ));
     }
+    if bearer(req).is_some_and(|given| same_secret(given, &state.admin_token)) {
+        return Ok(());
+    }
+    state.admin_guard.failed(peer, now);
+    Err(ApiError::unauthorized())
+}
+
+fn same_secret(given: &str, expected: &str) -> bool {
+    let (a, b) = (Sha256::digest(given.as_bytes()), Sha256::digest(expected.as_bytes()));
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -31,6 +31,11 @@ impl ApiError {
         Self::new(ErrorCode::Unauthorized, "missing, unknown or revoked token")
     }
 
+    /// The memory budget cannot hold what the request needs (`budget.rs`).
+    pub fn budget_exhausted() -> Self {
+        Self::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later")
+    }
+
     pub fn internal() -> Self {
         Self::new(ErrorCode::Internal, "internal error; the request may or may not have taken effect")
     }
@@ -110,7 +115,13 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         self.count();
-        HttpResponse::build(self.status_code()).json(json!({ "error": self.0 }))
+        let mut response = HttpResponse::build(self.status_code());
+        // A body that never came, or a client over its connection cap: this
+        // connection is not kept for another request.
+        if matches!(self.0.code, ErrorCode::RequestTimeout | ErrorCode::TooManyConnections) {
+            response.force_close();
+        }
+        response.json(json!({ "error": self.0 }))
     }
 }
 

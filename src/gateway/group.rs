@@ -12,16 +12,12 @@ use super::error::ApiError;
 use super::fields::Fields;
 use crate::domain::{
     check_text, format_time, DeliveryMode, JoinMode, Role, ADMIN_BITS, MAX_ALIAS_CHARS, MAX_DURATION_MS,
-    MAX_GROUP_NAME_CHARS,
+    MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE, MAX_INVITE_USERS,
 };
 use crate::store::{
     ApplicationPage, GroupChange, Invited, MemberPage, ProfilePatch, Written, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT,
 };
 
-/// Most users one `invite` names.
-pub const MAX_INVITE_USERS: usize = 1000;
-/// Largest `max_member` (PROTOCOL §5 `update_group`).
-pub const MAX_GROUP_SIZE: i64 = 100_000;
 /// Longest `q` of a member search.
 const MAX_QUERY_CHARS: usize = 64;
 

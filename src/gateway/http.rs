@@ -3,8 +3,13 @@
 //! cannot redirect a request to another conversation) — and goes through the
 //! same [`ops::dispatch`] as a WebSocket frame.
 
+use std::convert::Infallible;
+use std::time::Duration;
+
+use actix_web::body::SizedStream;
 use actix_web::http::header::ContentType;
 use actix_web::http::{header, Method, StatusCode};
+use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse, Resource, Route};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
@@ -12,6 +17,7 @@ use serde_json::{json, Map, Value};
 use super::error::ApiError;
 use super::group;
 use super::ops;
+use super::outbound::{Outbound, Written};
 use super::request::Request;
 use super::{auth, AppState};
 use crate::protocol::ErrorCode;
@@ -21,9 +27,30 @@ use crate::store::TokenOwner;
 /// like the WebSocket frame limit).
 pub const MAX_HTTP_BODY_BYTES: usize = 64 * 1024;
 
-/// Reads a JSON object body (empty body: no fields). Over the limit →
-/// `PAYLOAD_TOO_LARGE`; not a JSON object → `BAD_REQUEST`.
-pub async fn json_object(mut payload: web::Payload) -> Result<Map<String, Value>, ApiError> {
+/// Reads a JSON object body (empty body: no fields) within `timeout`. Over
+/// the limit → `PAYLOAD_TOO_LARGE`; not a JSON object → `BAD_REQUEST`; not
+/// all there in time → `REQUEST_TIMEOUT` (and the connection is closed).
+pub async fn json_object(payload: web::Payload, timeout: Option<Duration>) -> Result<Map<String, Value>, ApiError> {
+    let bytes = match timeout {
+        None => read_body(payload).await?,
+        Some(t) => tokio::time::timeout(t, read_body(payload)).await.map_err(|_| {
+            ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!("the request body did not arrive within {} ms", t.as_millis()),
+            )
+        })??,
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_request("the body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
+    }
+}
+
+async fn read_body(mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
     let mut bytes = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
@@ -35,19 +62,13 @@ pub async fn json_object(mut payload: web::Payload) -> Result<Map<String, Value>
         }
         bytes.extend_from_slice(&chunk);
     }
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad_request("the body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
-    }
+    Ok(bytes)
 }
 
 /// Body fields, then query parameters, then path parameters.
 pub async fn fields(req: &HttpRequest, payload: web::Payload) -> Result<Map<String, Value>, ApiError> {
-    let mut fields = json_object(payload).await?;
+    let timeout = req.app_data::<web::Data<AppState>>().and_then(|s| s.config.limits.body_timeout());
+    let mut fields = json_object(payload, timeout).await?;
     let query = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
         .map_err(|e| ApiError::bad_request(format!("query string: {e}")))?;
     for (k, v) in query.into_inner() {
@@ -89,9 +110,24 @@ async fn call_with(
     let fields = fields(&req, payload).await?;
     let op = op_of(&fields, &caller)?;
     let parsed = Request::parse(op, &fields, state.config.max_body_bytes)?;
+    let read = parsed.is_read();
     let reply = ops::dispatch(&state, &caller, parsed, "http").await?;
     let status = if reply.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(HttpResponse::build(status).content_type(ContentType::json()).body(reply.json))
+    let mut response = HttpResponse::build(status);
+    response.content_type(ContentType::json());
+    if !read {
+        return Ok(response.body(reply.json));
+    }
+    // As over WebSocket, a read's reply holds its bytes of the memory budget
+    // until the socket writer has taken them (a client that does not read).
+    let len = reply.json.len();
+    let outbound = Outbound::new(0, &state.budget);
+    if !outbound.answered(len) {
+        return Err(ApiError::budget_exhausted());
+    }
+    outbound.handed(len);
+    let body = Written::new(futures_util::stream::iter([Ok::<_, Infallible>(Bytes::from(reply.json))]), outbound);
+    Ok(response.body(SizedStream::new(len as u64, body)))
 }
 
 /// A resource answering `routes`; any other method gets 405 with `Allow` and

@@ -3,13 +3,16 @@
 //! (`error.rs`); both transports run the same op dispatch (`ops.rs`).
 //!
 //! # Layout
-//! * `auth` — device and admin bearer tokens, refusals remembered briefly.
+//! * `auth` — device and admin bearer tokens, refusals remembered briefly;
+//!   `admin_guard` — the budget of failed admin authentications per address.
+//! * `caps` — connections per IP address and WebSocket devices per user.
 //! * `create_rate` — the per-user limit on conversations created per minute;
 //!   `typing_rate` — the `typing` throttle per device and conversation.
 //! * `request` — a device request parsed and checked at the edge.
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
-//! * `session` — the WebSocket actor (the only user of `actix-web-actors`).
+//! * `session` — the WebSocket actor (the only user of `actix-web-actors`);
+//!   `outbound` — its bytes not yet written, capped and charged to the budget.
 //! * `health` — `/healthz`, `/readyz`; `/metrics` is here.
 //! * `client` — the web client at `/`, embedded in the binary.
 //!
@@ -21,7 +24,9 @@
 //! "last_seen"}`, `{"push": "kicked", "reason"}`.
 
 mod admin;
+mod admin_guard;
 mod auth;
+pub mod caps;
 mod client;
 mod create_rate;
 mod error;
@@ -30,6 +35,7 @@ mod group;
 mod health;
 mod http;
 pub mod ops;
+mod outbound;
 mod request;
 mod session;
 mod typing_rate;
@@ -75,9 +81,14 @@ pub struct AppState {
     pub budget: Arc<MemoryBudget>,
     /// Who is online, and the announcements of changes (PROTOCOL v1.2).
     pub online: Arc<Online>,
+    /// TCP connections per peer address, counted from accept (`on_connect`).
+    pub per_ip: Arc<caps::PerIp>,
+    /// Devices in WebSocket session per user.
+    pub per_user: Arc<caps::PerUser>,
     create_rate: create_rate::CreateRate,
     typing_rate: typing_rate::TypingRate,
     refused_tokens: auth::RefusedTokens,
+    admin_guard: admin_guard::AdminGuard,
     /// Set once graceful shutdown began: upgrades are refused, sessions leave.
     shutting_down: AtomicBool,
 }
@@ -100,9 +111,12 @@ impl AppState {
             admin_token,
             sessions: DashMap::new(),
             budget: MemoryBudget::new(config.limits.memory_budget_bytes),
+            per_ip: caps::PerIp::new(config.limits.max_connections_per_ip),
+            per_user: caps::PerUser::new(config.limits.max_connections_per_user),
             create_rate: create_rate::CreateRate::new(config.limits.create_per_minute),
             typing_rate: typing_rate::TypingRate::new(config.live.typing_interval()),
             refused_tokens: auth::RefusedTokens::default(),
+            admin_guard: admin_guard::AdminGuard::default(),
             config,
             shutting_down: AtomicBool::new(false),
         }

@@ -79,7 +79,7 @@ pub fn dispatch(
             let started = Instant::now();
             // Held until the write is answered (or its caller goes away).
             let Some(permit) = state.budget.try_acquire(body.text().len()) else {
-                let e = ApiError::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later");
+                let e = ApiError::budget_exhausted();
                 return async move { Err(e) }.boxed_local();
             };
             let op = WriteOp::Send(SendOp {

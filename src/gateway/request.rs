@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::fields::Fields;
-use super::group::{self, MAX_GROUP_SIZE};
-use crate::domain::{check_text, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS};
+use super::group;
+use crate::domain::{check_text, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE};
 use crate::store::{
     GroupChange, GroupSettings, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
@@ -136,6 +136,20 @@ impl Request {
             Request::Unblock { .. } => "unblock",
             Request::Blocks => "blocks",
         }
+    }
+
+    /// A read: changes nothing, so its reply (which may be large) can be
+    /// refused `OVERLOADED` and asked again at no cost (ARCHITECTURE §5).
+    pub fn is_read(&self) -> bool {
+        matches!(
+            self,
+            Request::Sync(_)
+                | Request::GetConversation { .. }
+                | Request::Conversations { .. }
+                | Request::ConversationsSince { .. }
+                | Request::Members { .. }
+                | Request::Applications { .. }
+        )
     }
 
     /// The conversation the request is about, if one.

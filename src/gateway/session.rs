@@ -3,12 +3,14 @@
 //! it means rewriting this file alone).
 //!
 //! Invariants: frames are handled in arrival order and a `send` is queued on
-//! the writer while its frame is handled (P6); the route is registered when
-//! the actor starts and removed by compare-and-remove when it stops (P7).
+//! the writer while its frame is handled (P6); the connection id is drawn once
+//! the token is accepted, the route registered when the actor starts and
+//! removed by compare-and-remove when it stops (P7).
 //! Bounded per connection: requests in flight (`ws.max_inflight`) and doing
 //! database work (`ws.max_concurrent`), pushes in the mailbox (`ws.mailbox`;
-//! overflow closes with 1013) and in the memory budget; a ping every
-//! `ws_ping_ms`, silence for `ws_timeout_ms` closes. Why: ARCHITECTURE §5.
+//! overflow closes with 1013) and in the memory budget, unwritten read replies
+//! (`ws.max_unwritten_bytes`, `outbound`); a ping every `ws_ping_ms`, silence
+//! for `ws_timeout_ms` closes. Why: ARCHITECTURE §5.
 
 use std::cell::Cell;
 use std::pin::Pin;
@@ -27,8 +29,10 @@ use imcore_actors::registry::{ConnId, Registered};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
+use super::caps::UserSlot;
 use super::error::ApiError;
 use super::ops::{self, Reply};
+use super::outbound::{Outbound, Written};
 use super::request::Request;
 use super::{auth, AppState};
 use crate::delivery::{Conn, KickReason, PendingHeads, Push};
@@ -42,21 +46,24 @@ pub async fn upgrade(
     stream: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    // Allocated at accept, before authentication: the id order is the connection
-    // order (P7); with several nodes, the order of the whole cluster's connections.
-    let conn_id = if state.delivery.clustered() {
-        ConnId::from_cluster_sequence(state.store.next_cluster_conn_id().await.map_err(ApiError::from)?)
-    } else {
-        state.delivery.routes().next_conn_id()
-    };
     let token = auth::bearer_or_query(&req);
     let owner = auth::device(&state, token.as_deref()).await?;
     if state.shutting_down() {
         return Err(ApiError::new(ErrorCode::Overloaded, "the server is shutting down").into());
     }
+    let user_slot = state.per_user.admit(&owner.user_id, &owner.device_id)?;
+    // Allocated once admitted (a refused upgrade costs no `nextval`): the id
+    // order is the order connections were admitted (P7); with several nodes,
+    // the order of the whole cluster's connections.
+    let conn_id = if state.delivery.clustered() {
+        ConnId::from_cluster_sequence(state.store.next_cluster_conn_id().await.map_err(ApiError::from)?)
+    } else {
+        state.delivery.routes().next_conn_id()
+    };
     let max_frame = state.config.ws.max_frame_bytes;
-    let oversized = Rc::new(Cell::new(false));
-    let stream = FrameLimit::new(stream, max_frame, oversized.clone());
+    let fault = Rc::new(Cell::new(None));
+    let stream = FrameLimit::new(stream, max_frame, fault.clone());
+    let outbound = Outbound::new(state.config.ws.max_unwritten_bytes, &state.budget);
     let session = WsSession {
         state: state.clone(),
         owner,
@@ -67,15 +74,17 @@ pub async fn upgrade(
         turns: Rc::new(Semaphore::new(state.config.ws.max_concurrent.max(1))),
         closing: None,
         fragments: None,
-        oversized,
+        fault,
         heads: Arc::default(),
         online: false,
+        outbound: outbound.clone(),
+        _user_slot: user_slot,
     };
     // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
-    let response = ws::WsResponseBuilder::new(session, &req, stream)
-        .frame_size(max_frame)
-        .start()
-        .map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
+    let mut response =
+        ws::handshake(&req).map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
+    let frames = ws::WebsocketContext::with_codec(session, stream, actix_http::ws::Codec::new().max_size(max_frame));
+    let response = response.streaming(Written::new(frames, outbound));
     metrics().ws_accepted.inc();
     Ok(response)
 }
@@ -96,13 +105,17 @@ pub struct WsSession {
     closing: Option<KickReason>,
     /// A fragmented text message being reassembled.
     fragments: Option<Vec<u8>>,
-    /// Set by [`FrameLimit`] when a frame header announced more than
-    /// `ws_max_frame_bytes`: the error that follows closes with 1009.
-    oversized: Rc<Cell<bool>>,
+    /// Set by [`FrameLimit`] when it failed the byte stream: the error that
+    /// follows says why (1009 for an oversized frame).
+    fault: Rc<Cell<Option<StreamFault>>>,
     /// `pull`-mode heads delivery queued for this connection (`Push::Head`).
     heads: Arc<PendingHeads>,
     /// Counted online (`AppState::online`): uncounted when it stops.
     online: bool,
+    /// What this connection has not yet written to its socket.
+    outbound: Rc<Outbound>,
+    /// This device's place in its user's session cap, given back when the session ends.
+    _user_slot: UserSlot,
 }
 
 impl Actor for WsSession {
@@ -222,6 +235,13 @@ impl WsSession {
         ctx.stop();
     }
 
+    /// RFC 6455 §8.1: a text message that is not UTF-8 fails the connection
+    /// (1007), whole or fragmented (PROTOCOL §4).
+    fn close_not_utf8(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        ctx.close(Some(CloseReason { code: CloseCode::Invalid, description: Some("text frame is not UTF-8".into()) }));
+        ctx.stop();
+    }
+
     fn reply(ctx: &mut ws::WebsocketContext<Self>, id: Option<&Value>, result: Result<Reply, ApiError>) {
         let frame = match &result {
             Ok(reply) => reply_frame(id, Ok(&reply.json)),
@@ -279,18 +299,45 @@ impl WsSession {
             Request::Send { .. } | Request::Ping | Request::WhoAmI => None,
             _ => Some(self.turns.clone()),
         };
+        // A read's reply can be large and is asked again at no cost: it is
+        // refused while this connection's unwritten bytes are over the cap,
+        // and charged to the memory budget until written.
+        let read = req.is_read();
         let answer = ops::dispatch(&self.state, &self.owner, req, "ws");
         self.inflight += 1;
-        let session = ctx.address();
+        let (session, outbound) = (ctx.address(), self.outbound.clone());
         actix::spawn(async move {
             // Never closed, so this always yields a permit, held until answered.
             let _turn = match &turns {
                 Some(turns) => Some(turns.acquire().await),
                 None => None,
             };
-            let result = answer.await;
+            let (result, bytes) = if read && outbound.over() {
+                // Dropped unpolled: the read does no work.
+                drop(answer);
+                let max = outbound.max();
+                (
+                    Err(ApiError::new(
+                        ErrorCode::Overloaded,
+                        format!("over {max} bytes of replies unread on this connection"),
+                    )),
+                    0,
+                )
+            } else {
+                match answer.await {
+                    Ok(reply) if read && !outbound.answered(reply.json.len()) => {
+                        let e = ApiError::budget_exhausted();
+                        (Err(e), 0)
+                    }
+                    Ok(reply) => {
+                        let bytes = if read { reply.json.len() } else { 0 };
+                        (Ok(reply), bytes)
+                    }
+                    Err(e) => (Err(e), 0),
+                }
+            };
             // Queued even past the mailbox capacity: at most `inflight` of them.
-            session.do_send(Answered { id, result });
+            session.do_send(Answered { id, result, bytes });
         });
     }
 }
@@ -301,6 +348,8 @@ impl WsSession {
 struct Answered {
     id: Value,
     result: Result<Reply, ApiError>,
+    /// Counted in [`Outbound`] until handed to the context.
+    bytes: usize,
 }
 
 impl Handler<Answered> for WsSession {
@@ -309,6 +358,7 @@ impl Handler<Answered> for WsSession {
     fn handle(&mut self, answered: Answered, ctx: &mut Self::Context) {
         self.inflight -= 1;
         Self::reply(ctx, Some(&answered.id), answered.result);
+        self.outbound.handed(answered.bytes);
         if self.inflight == 0 {
             if let Some(reason) = self.closing {
                 self.kick(reason, ctx);
@@ -353,7 +403,7 @@ impl StreamHandler<Result<ws::Message, ProtocolError>> for WsSession {
                     let whole = self.fragments.take().unwrap_or_default();
                     match String::from_utf8(whole) {
                         Ok(text) => self.on_text(&text, ctx),
-                        Err(_) => Self::reply(ctx, None, Err(ApiError::bad_request("a text message must be UTF-8"))),
+                        Err(_) => self.close_not_utf8(ctx),
                     }
                 }
             }
@@ -363,9 +413,13 @@ impl StreamHandler<Result<ws::Message, ProtocolError>> for WsSession {
                 ctx.close(reason);
                 ctx.stop();
             }
-            Err(_) if self.oversized.get() => self.close_oversized(max, ctx),
+            Err(_) if self.fault.get() == Some(StreamFault::Oversized) => self.close_oversized(max, ctx),
             // The codec's own limit (same size): kept as a second line.
             Err(ProtocolError::Overflow) => self.close_oversized(max, ctx),
+            // actix-web-actors makes an `Io` error of two things only: a failed
+            // byte stream (which `FrameLimit` saw first) and a text frame that is
+            // not UTF-8.
+            Err(ProtocolError::Io(_)) if self.fault.get().is_none() => self.close_not_utf8(ctx),
             Err(e) => {
                 tracing::debug!(conn = %self.conn_id, error = %e, "websocket protocol error");
                 ctx.close(Some(CloseReason { code: CloseCode::Protocol, description: None }));
@@ -402,6 +456,15 @@ impl Handler<Push> for WsSession {
     }
 }
 
+/// Why [`FrameLimit`] failed the byte stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamFault {
+    /// A frame header announced more than the limit.
+    Oversized,
+    /// The connection's payload stream itself failed.
+    Payload,
+}
+
 /// The request byte stream with frame sizes checked as their headers pass.
 ///
 /// actix-http's decoder checks its `max_size` only once the whole frame is
@@ -414,7 +477,7 @@ impl Handler<Push> for WsSession {
 struct FrameLimit<S> {
     inner: S,
     max: usize,
-    oversized: Rc<Cell<bool>>,
+    fault: Rc<Cell<Option<StreamFault>>>,
     /// Bytes of the current frame header seen so far (at most 14).
     header: [u8; 14],
     header_len: usize,
@@ -423,8 +486,8 @@ struct FrameLimit<S> {
 }
 
 impl<S> FrameLimit<S> {
-    fn new(inner: S, max: usize, oversized: Rc<Cell<bool>>) -> Self {
-        Self { inner, max, oversized, header: [0; 14], header_len: 0, payload_left: 0 }
+    fn new(inner: S, max: usize, fault: Rc<Cell<Option<StreamFault>>>) -> Self {
+        Self { inner, max, fault, header: [0; 14], header_len: 0, payload_left: 0 }
     }
 
     /// Length of the header so far, once complete: its size and the payload length.
@@ -474,7 +537,7 @@ impl<S: Stream<Item = Result<Bytes, PayloadError>> + Unpin> Stream for FrameLimi
     type Item = Result<Bytes, PayloadError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.oversized.get() {
+        if self.fault.get() == Some(StreamFault::Oversized) {
             return Poll::Ready(None);
         }
         match Pin::new(&mut self.inner).poll_next(cx) {
@@ -482,9 +545,13 @@ impl<S: Stream<Item = Result<Bytes, PayloadError>> + Unpin> Stream for FrameLimi
                 if self.scan(&chunk) {
                     Poll::Ready(Some(Ok(chunk)))
                 } else {
-                    self.oversized.set(true);
+                    self.fault.set(Some(StreamFault::Oversized));
                     Poll::Ready(Some(Err(PayloadError::Overflow)))
                 }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.fault.set(Some(StreamFault::Payload));
+                Poll::Ready(Some(Err(e)))
             }
             other => other,
         }

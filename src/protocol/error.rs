@@ -23,6 +23,8 @@ pub enum ErrorCode {
     EpochChanged,
     NotFound,
     PayloadTooLarge,
+    RequestTimeout,
+    TooManyConnections,
     Overloaded,
     Internal,
 }
@@ -43,6 +45,8 @@ impl ErrorCode {
             | ErrorCode::RecallWindowExpired
             | ErrorCode::EpochChanged => 409,
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::RequestTimeout => 408,
+            ErrorCode::TooManyConnections => 429,
             ErrorCode::Internal => 500,
             ErrorCode::Overloaded => 503,
         }

@@ -1,8 +1,11 @@
 //! Several nodes for the cluster tests (ARCHITECTURE §7): a `nats-server`
 //! started from the installed binary, and the `imcore` binary itself as child
 //! processes on 127.0.0.x with port 0, all on one test database — so a node
-//! can be killed with SIGKILL like a crashed machine. A missing `nats-server`
-//! fails the test with how to install it; nothing is skipped.
+//! can be killed with SIGKILL like a crashed machine. NATS runs with
+//! authorization: only the nodes' user may publish or subscribe on
+//! `imcore.>` ([`NATS_CONFIG`]), and the nodes sign with [`CLUSTER_KEY`]. A
+//! missing `nats-server` fails the test with how to install it; nothing is
+//! skipped.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -24,6 +27,26 @@ use crate::sync_points::sample;
 
 /// Starting a node or NATS takes well under this.
 const START: Duration = Duration::from_secs(30);
+
+/// The nodes' NATS user and password, and the key they sign with.
+pub const NODE_USER: &str = "imcore-node";
+pub const NODE_PASSWORD: &str = "node-password-not-for-production";
+pub const CLUSTER_KEY: &str = "cluster-key-of-the-tests-0123456789abcdef";
+/// A NATS user that is not a node: it may use NATS, never `imcore.>`.
+pub const OUTSIDER: &str = "outsider";
+pub const OUTSIDER_PASSWORD: &str = "outsider-password";
+
+/// The test server's configuration: the README's recipe.
+pub const NATS_CONFIG: &str = r#"
+authorization {
+  users = [
+    { user: "imcore-node", password: "node-password-not-for-production",
+      permissions: { publish: ["imcore.>"], subscribe: ["imcore.>"] } }
+    { user: "outsider", password: "outsider-password",
+      permissions: { publish: { deny: ["imcore.>"] }, subscribe: { deny: ["imcore.>"] } } }
+  ]
+}
+"#;
 
 /// Where Debian's `nats-server` package puts the binary, then `PATH`.
 fn nats_binary() -> PathBuf {
@@ -79,6 +102,7 @@ fn strip_ansi(line: &str) -> String {
 pub struct Nats {
     child: Child,
     pub port: u16,
+    config: PathBuf,
 }
 
 impl Nats {
@@ -89,9 +113,63 @@ impl Nats {
 
     /// On `port` (a restart keeps the port the nodes reconnect to).
     async fn on_port(port: Option<u16>) -> Self {
+        let config = std::env::temp_dir().join(format!("imcore-nats-{}.conf", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&config, NATS_CONFIG).expect("write the NATS configuration");
+        Self::with_config(port, config).await
+    }
+
+    /// With TLS: a certificate for 127.0.0.1 signed by a CA of its own (made
+    /// with `openssl`). The server, and the CA's certificate file.
+    pub async fn start_tls() -> (Self, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("imcore-nats-tls-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a directory for the certificates");
+        let san = dir.join("san.cnf");
+        std::fs::write(&san, "subjectAltName=IP:127.0.0.1\n").expect("write the SAN extension");
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let steps: [Vec<&str>; 3] = [
+            [
+                &["req", "-x509"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=imcore test CA"],
+            ]
+            .concat(),
+            [&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]].concat(),
+            vec![
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "1",
+                "-extfile",
+                "san.cnf",
+            ],
+        ];
+        for args in steps {
+            let made = Command::new("openssl").args(&args).current_dir(&dir).output().await.expect("run openssl");
+            assert!(made.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&made.stderr));
+        }
+        let config = dir.join("nats.conf");
+        let tls = format!(
+            "tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
+            dir.join("server.pem").display(),
+            dir.join("server.key").display()
+        );
+        std::fs::write(&config, tls + NATS_CONFIG).expect("write the NATS configuration");
+        (Self::with_config(None, config).await, dir.join("ca.pem"))
+    }
+
+    async fn with_config(port: Option<u16>, config: PathBuf) -> Self {
         let port_arg = port.map_or("-1".to_owned(), |p| p.to_string());
         let mut child = Command::new(nats_binary())
-            .args(["-a", "127.0.0.1", "-p", &port_arg])
+            .args(["-c", &config.to_string_lossy(), "-a", "127.0.0.1", "-p", &port_arg])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -103,7 +181,7 @@ impl Nats {
             addr.trim().rsplit_once(':')?.1.parse::<u16>().ok()
         })
         .await;
-        Self { child, port }
+        Self { child, port, config }
     }
 
     pub fn url(&self) -> String {
@@ -117,7 +195,17 @@ impl Nats {
 
     /// A new server on the same port, after [`Nats::kill`].
     pub async fn restart(&mut self) {
-        *self = Self::on_port(Some(self.port)).await;
+        *self = Self::with_config(Some(self.port), self.config.clone()).await;
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+        // A TLS server's directory holds its certificates too.
+        if let Some(dir) = self.config.parent().filter(|d| d.to_string_lossy().contains("imcore-nats-tls-")) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -141,20 +229,30 @@ pub struct Node {
     pub port: u16,
 }
 
+/// What a node is started with, credentials and key included.
+fn node_command(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path, homes: bool) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_imcore"));
+    command
+        .env("IMCORE_HOME_NODE", if homes { "on" } else { "off" })
+        .env("DATABASE_URL", database_url)
+        .env("IMCORE_NATS_URL", nats_url)
+        .env("IMCORE_LISTEN", format!("{host}:0"))
+        .env("IMCORE_ADMIN_TOKEN", ADMIN)
+        .env("IMCORE_DATA_DIR", data_dir)
+        .env("IMCORE_LOG", "info")
+        .env("IMCORE_WORKERS", "1")
+        .env("IMCORE_ARBITERS", "1")
+        .env("IMCORE_POOL_SIZE", "6")
+        .env("IMCORE_NATS_USER", NODE_USER)
+        .env("IMCORE_NATS_PASSWORD", NODE_PASSWORD)
+        .env("IMCORE_CLUSTER_KEY", CLUSTER_KEY)
+        .env("NO_COLOR", "1");
+    command
+}
+
 impl Node {
     async fn start(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path, homes: bool) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_imcore"))
-            .env("IMCORE_HOME_NODE", if homes { "on" } else { "off" })
-            .env("DATABASE_URL", database_url)
-            .env("IMCORE_NATS_URL", nats_url)
-            .env("IMCORE_LISTEN", format!("{host}:0"))
-            .env("IMCORE_ADMIN_TOKEN", ADMIN)
-            .env("IMCORE_DATA_DIR", data_dir)
-            .env("IMCORE_LOG", "info")
-            .env("IMCORE_WORKERS", "1")
-            .env("IMCORE_ARBITERS", "1")
-            .env("IMCORE_POOL_SIZE", "6")
-            .env("NO_COLOR", "1")
+        let mut child = node_command(host, database_url, nats_url, data_dir, homes)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -306,6 +404,61 @@ impl Cluster {
             nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir, homes).await);
         }
         (Self { _cpu: cpu, _db: db, nats, nodes, data_dir }, relay)
+    }
+
+    /// Starts one more node with `env` changed (`None` removes a variable),
+    /// expecting it to refuse to start: its exit status and all it printed.
+    pub async fn node_refused(&self, env: &[(&str, Option<&str>)]) -> (Option<i32>, String) {
+        let host = Ipv4Addr::new(127, 0, 0, 9);
+        let mut command = node_command(host, &self._db.url, &self.nats.url(), &self.data_dir, true);
+        for (key, value) in env {
+            match value {
+                Some(v) => command.env(key, v),
+                None => command.env_remove(key),
+            };
+        }
+        let run = command.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).output();
+        let output =
+            tokio::time::timeout(START, run).await.expect("the node neither started nor refused").expect("run");
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.code(), strip_ansi(&text))
+    }
+
+    /// One more node on `nats_url` with `env` set: started (listening), or
+    /// the error it exited with.
+    pub async fn try_node(&self, nats_url: &str, env: &[(&str, &str)]) -> Result<Node, String> {
+        let host = Ipv4Addr::new(127, 0, 0, 9);
+        let mut command = node_command(host, &self._db.url, nats_url, &self.data_dir, false);
+        command.envs(env.iter().copied());
+        let mut child =
+            command.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().expect("start a node");
+        let mut lines = BufReader::new(child.stdout.take().expect("node stdout")).lines();
+        let listening = tokio::time::timeout(START, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let line = strip_ansi(&line);
+                if let Some((_, rest)) = line.split_once("imcore is listening") {
+                    return rest
+                        .split_once("port=")
+                        .and_then(|(_, p)| p.split_whitespace().next()?.parse::<u16>().ok());
+                }
+            }
+            None
+        })
+        .await
+        .expect("the node neither started nor exited");
+        match listening {
+            Some(port) => {
+                tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+                Ok(Node { child, host, port })
+            }
+            None => {
+                let mut printed = String::new();
+                if let Some(mut stderr) = child.stderr.take() {
+                    let _ = stderr.read_to_string(&mut printed).await;
+                }
+                Err(strip_ansi(&printed))
+            }
+        }
     }
 
     /// An admin call, through the first node (on 127.0.0.1).

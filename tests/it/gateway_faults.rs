@@ -140,7 +140,7 @@ async fn a_slow_consumer_is_closed_while_the_conversation_and_other_devices_carr
 }
 
 /// Upgrades a raw TCP connection by hand; the stream after the 101.
-async fn raw_upgrade(port: u16, token: &str) -> TcpStream {
+pub async fn raw_upgrade(port: u16, token: &str) -> TcpStream {
     let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
     let hello = format!(
         "GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -159,7 +159,7 @@ async fn raw_upgrade(port: u16, token: &str) -> TcpStream {
 }
 
 /// The close code of the first close frame the server sends (unmasked frames).
-async fn close_code(tcp: &mut TcpStream) -> Option<u16> {
+pub async fn close_code(tcp: &mut TcpStream) -> Option<u16> {
     loop {
         let mut h = [0u8; 2];
         tcp.read_exact(&mut h).await.ok()?;

@@ -4,11 +4,14 @@
 mod actor_flood;
 mod actor_path;
 mod admin_commands;
+mod bounds;
 mod cluster;
 mod cluster_harness;
+mod cluster_trust;
 mod commit_isolation;
 mod commit_stall;
 mod db_outage;
+mod edge_rules;
 mod embedded_pg;
 #[macro_use]
 mod env;

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::harness::TestDb;
 
-pub const ADMIN: &str = "test-admin-token";
+pub const ADMIN: &str = "test-admin-token-0123456789abcdef";
 const WAIT: Duration = Duration::from_secs(10);
 
 pub struct TestServer {

@@ -25,26 +25,45 @@ pub fn nats_binary() -> Result<PathBuf, BoxError> {
     })
 }
 
-/// A `nats-server` child process on a free loopback port.
+/// The nodes' NATS user.
+const NODE_USER: &str = "imcore-node";
+
+/// A `nats-server` child process on a free loopback port, with authorization
+/// as the README's recipe has it: only the nodes' user (`password`) may use
+/// `imcore.>`.
 struct Nats {
     child: Child,
     pid: i32,
     port: u16,
+    password: String,
+}
+
+/// 32 random bytes, hex.
+fn secret() -> String {
+    (0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
 }
 
 impl Nats {
-    async fn start(bin: &Path, log: &Path) -> Result<Self, BoxError> {
+    async fn start(bin: &Path, log: &Path, config: &Path) -> Result<Self, BoxError> {
         let port = imcore_client::free_port()?;
+        let password = secret();
+        std::fs::write(
+            config,
+            format!(
+                "authorization {{ users = [ {{ user: \"{NODE_USER}\", password: \"{password}\", \
+                 permissions: {{ publish: [\"imcore.>\"], subscribe: [\"imcore.>\"] }} }} ] }}\n"
+            ),
+        )?;
         let log = std::fs::File::create(log)?;
         let mut cmd = Command::new(bin);
-        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        cmd.args(["-c", &config.to_string_lossy(), "-a", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
         die_with_us(&mut cmd);
         let child = cmd.spawn()?;
         let pid = child.id() as i32;
-        let mut nats = Self { child, pid, port };
+        let mut nats = Self { child, pid, port, password };
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
             if let Some(status) = nats.child.try_wait()? {
@@ -89,9 +108,13 @@ impl Nodes {
             return Ok(nodes);
         }
         let nats_bin = ctx.nats.as_deref().ok_or("several nodes need --nodes above 1 (and nats-server)")?;
-        let nats = nodes.nats.insert(Nats::start(nats_bin, &dir.join(format!("nats-{name}.log"))).await?);
+        let (log, config) = (dir.join(format!("nats-{name}.log")), dir.join(format!("nats-{name}.conf")));
+        let nats = nodes.nats.insert(Nats::start(nats_bin, &log, &config).await?);
         let mut env = env.to_vec();
         env.push(("IMCORE_NATS_URL".into(), format!("nats://127.0.0.1:{}", nats.port)));
+        env.push(("IMCORE_NATS_USER".into(), NODE_USER.into()));
+        env.push(("IMCORE_NATS_PASSWORD".into(), nats.password.clone()));
+        env.push(("IMCORE_CLUSTER_KEY".into(), secret()));
         eprintln!("nats {name}: pid {}, port {}", nats.pid, nats.port);
         for i in 0..n {
             let log = dir.join(format!("server-{name}-node{i}.log"));
