@@ -1,8 +1,9 @@
 //! Who is online (PROTOCOL v1.2 presence): a user is online while any of its
-//! devices is connected, here or (with a bus) on another node. A change is
-//! announced to the online users who share a direct conversation with the
-//! user: coming online at once, going offline only after a grace period, so
-//! a reconnect within it announces nothing (ARCHITECTURE §5).
+//! devices is connected, here or (with a bus) on another node, which says so
+//! (`Live::Online`). A change is announced to the users who share a direct
+//! conversation with the user, on every node: coming online at once, going
+//! offline only after a grace period, so a reconnect within it announces
+//! nothing; neither while another node has the user online (ARCHITECTURE §7).
 //!
 //! Invariant: per user, one entry while it has a connection here or is in
 //! its grace; every change of it happens under that entry's shard lock, and
@@ -17,7 +18,7 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use imcore_actors::UserId;
 
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, Live};
 use crate::domain::format_time;
 use crate::store::Store;
 
@@ -41,9 +42,10 @@ impl Online {
         Arc::new(Self { local: DashMap::new(), grace, store, delivery })
     }
 
-    /// Whether `user` is online here (a connection, or its grace running).
+    /// Whether `user` is online here (a connection, or its grace running)
+    /// or on another node.
     pub fn is_online(&self, user: &UserId) -> bool {
-        self.local.contains_key(user)
+        self.local.contains_key(user) || self.delivery.online_elsewhere(user)
     }
 
     /// A connection of `user` came up (its route is registered).
@@ -61,9 +63,12 @@ impl Online {
             }
         };
         if first {
-            let this = self.clone();
-            let user = user.clone();
-            tokio::spawn(async move { this.announce(&user, true, None).await });
+            self.delivery.live(Live::Online { user: user.clone(), online: true });
+            if !self.delivery.online_elsewhere(user) {
+                let this = self.clone();
+                let user = user.clone();
+                tokio::spawn(async move { this.announce(&user, true, None).await });
+            }
         }
     }
 
@@ -84,6 +89,10 @@ impl Online {
             tokio::time::sleep(this.grace).await;
             let gone = this.local.remove_if(&user, |_, l| l.conns == 0 && l.generation == generation).is_some();
             if gone {
+                this.delivery.live(Live::Online { user: user.clone(), online: false });
+                if this.delivery.online_elsewhere(&user) {
+                    return;
+                }
                 let at = Utc::now();
                 if let Err(e) = this.store.set_last_seen(&user, at).await {
                     tracing::warn!(error = %e, %user, "last_seen not written");
@@ -94,7 +103,7 @@ impl Online {
     }
 
     /// Pushes the change to the online users sharing a direct conversation
-    /// with `user` (their devices on this node).
+    /// with `user`, on every node.
     async fn announce(&self, user: &UserId, online: bool, last_seen: Option<DateTime<Utc>>) {
         let peers = match self.store.direct_peers(user).await {
             Ok(peers) => peers,
@@ -104,8 +113,11 @@ impl Online {
             }
         };
         let frame: Arc<str> = crate::protocol::push_presence(user.as_str(), online, last_seen.map(format_time)).into();
-        for peer in peers {
-            self.delivery.to_user(&peer, &frame, None);
+        for peer in &peers {
+            self.delivery.to_user(peer, &frame, None);
+        }
+        if self.delivery.clustered() && !peers.is_empty() {
+            self.delivery.live(Live::ToUsers { users: peers, frame: frame.to_string() });
         }
     }
 }

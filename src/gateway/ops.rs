@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::group::{applications_json, members_json, written_json};
 use super::request::{NewConversation, Request};
 use super::AppState;
-use crate::delivery::Signal;
+use crate::delivery::{Live, Signal};
 use crate::domain::format_time;
 use crate::metrics::{metrics, observe_send, Running};
 use crate::protocol::{conversation_json, inbox_item_json, push_read, push_typing, send_ack, sync_page, ErrorCode};
@@ -177,6 +177,12 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
             for other in &marked.tell {
                 state.delivery.to_user(other, &frame, None);
             }
+            // The reader's other devices and the others on other nodes (the
+            // reader's device is here, so no other node has it).
+            if state.delivery.clustered() {
+                let users = std::iter::once(user.clone()).chain(marked.tell).collect();
+                state.delivery.live(Live::ToUsers { users, frame: frame.to_string() });
+            }
             Reply::ok(json!({ "read_seq": marked.read_seq }))
         }
         Request::Reads { conv, after, limit } => {
@@ -246,8 +252,10 @@ async fn typing(state: &AppState, caller: &TokenOwner, conv: ConvId, on: bool) -
     }
     let forward = state.store.typing_forwarded(&conv, &caller.user_id).await?;
     if state.typing_rate.claim(key) && forward {
-        let frame: Arc<str> = push_typing(conv.as_str(), caller.user_id.as_str(), on).into();
-        state.delivery.signal(Signal { conv, from: caller.user_id.clone(), frame });
+        let frame = push_typing(conv.as_str(), caller.user_id.as_str(), on);
+        let from = caller.user_id.clone();
+        state.delivery.live(Live::Signal { conv: conv.clone(), from: from.clone(), frame: frame.clone() });
+        state.delivery.signal(Signal { conv, from, frame: frame.into() });
     }
     Reply::ok(json!({}))
 }

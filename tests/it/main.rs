@@ -28,6 +28,7 @@ mod inbox;
 mod input_forms;
 mod limits;
 mod live;
+mod live_cluster;
 mod overload;
 mod persistence;
 mod presence;
