@@ -67,7 +67,7 @@ impl Online {
             if !self.delivery.online_elsewhere(user) {
                 let this = self.clone();
                 let user = user.clone();
-                tokio::spawn(async move { this.announce(&user, true, None).await });
+                spawn(async move { this.announce(&user, true, None).await });
             }
         }
     }
@@ -85,7 +85,7 @@ impl Online {
         let Some(generation) = last else { return };
         let this = self.clone();
         let user = user.clone();
-        tokio::spawn(async move {
+        spawn(async move {
             tokio::time::sleep(this.grace).await;
             let gone = this.local.remove_if(&user, |_, l| l.conns == 0 && l.generation == generation).is_some();
             if gone {
@@ -119,5 +119,13 @@ impl Online {
         if self.delivery.clustered() && !peers.is_empty() {
             self.delivery.live(Live::ToUsers { users: peers, frame: frame.to_string() });
         }
+    }
+}
+
+/// Runs `task` on the current runtime; a session that stops while its
+/// runtime shuts down has none, and then nothing is announced.
+fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(task);
     }
 }

@@ -19,7 +19,8 @@
 //! # Pushes
 //! A push is a text frame without `id`, named by its `"push"` key:
 //! `{"push": "event", "conv_id", "event"}`, `{"push": "events", "conv_id", "events"}`,
-//! `{"push": "head", "conv_id", "head"}`, `{"push": "read", "conv_id", "user_id", "read_seq"}`,
+//! `{"push": "head", "conv_id", "head"}`, `{"push": "read", "conv_id", "read_seq"}` (own devices;
+//! another member's with `user_id`),
 //! `{"push": "typing", "conv_id", "user_id", "on"}`, `{"push": "presence", "user_id", "online",
 //! "last_seen"}`, `{"push": "kicked", "reason"}`.
 

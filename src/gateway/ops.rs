@@ -20,7 +20,9 @@ use super::AppState;
 use crate::delivery::{Live, Signal};
 use crate::domain::format_time;
 use crate::metrics::{metrics, observe_send, Running};
-use crate::protocol::{conversation_json, inbox_item_json, push_read, push_typing, send_ack, sync_page, ErrorCode};
+use crate::protocol::{
+    conversation_json, inbox_item_json, push_member_read, push_read, push_typing, send_ack, sync_page, ErrorCode,
+};
 use crate::store::{
     Appended, CreateConversation, GroupOp, InboxDelta, RecallOp, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
 };
@@ -172,16 +174,17 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
         Request::Read { conv, seq } => {
             let marked =
                 state.store.mark_read_telling(&conv, user, seq, state.config.live.read_push_max_members).await?;
-            let frame: Arc<str> = push_read(conv.as_str(), user.as_str(), marked.read_seq).into();
-            state.delivery.to_user(user, &frame, Some(&caller.device_id));
-            for other in &marked.tell {
-                state.delivery.to_user(other, &frame, None);
-            }
-            // The reader's other devices and the others on other nodes (the
-            // reader's device is here, so no other node has it).
-            if state.delivery.clustered() {
-                let users = std::iter::once(user.clone()).chain(marked.tell).collect();
-                state.delivery.live(Live::ToUsers { users, frame: frame.to_string() });
+            let own: Arc<str> = push_read(conv.as_str(), marked.read_seq).into();
+            state.delivery.to_user(user, &own, Some(&caller.device_id));
+            if !marked.tell.is_empty() {
+                let frame = push_member_read(conv.as_str(), user.as_str(), marked.read_seq);
+                let shared: Arc<str> = frame.as_str().into();
+                for other in &marked.tell {
+                    state.delivery.to_user(other, &shared, None);
+                }
+                if state.delivery.clustered() {
+                    state.delivery.live(Live::ToUsers { users: marked.tell, frame });
+                }
             }
             Reply::ok(json!({ "read_seq": marked.read_seq }))
         }

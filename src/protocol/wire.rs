@@ -134,8 +134,13 @@ pub fn push_head(conv_id: &str, head: i64) -> String {
     json!({"push": "head", "conv_id": conv_id, "head": head}).to_string()
 }
 
-/// `user_id`: whose cursor moved (the user's own other devices get it too).
-pub fn push_read(conv_id: &str, user_id: &str, read_seq: i64) -> String {
+/// To the user's own other devices.
+pub fn push_read(conv_id: &str, read_seq: i64) -> String {
+    json!({"push": "read", "conv_id": conv_id, "read_seq": read_seq}).to_string()
+}
+
+/// To the other members (PROTOCOL v1.2): `user_id` is whose cursor moved.
+pub fn push_member_read(conv_id: &str, user_id: &str, read_seq: i64) -> String {
     json!({"push": "read", "conv_id": conv_id, "user_id": user_id, "read_seq": read_seq}).to_string()
 }
 

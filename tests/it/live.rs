@@ -112,7 +112,7 @@ impl Client {
         let until = Instant::now() + wait;
         let mut got = vec![];
         while let Some(left) = until.checked_duration_since(Instant::now()) {
-            match self.ws.push_within(left).await {
+            match self.ws.live_push_within(left).await {
                 Some(p) if kind == "*" || p["push"] == kind => got.push(p),
                 Some(_) => {}
                 None => break,
@@ -469,7 +469,9 @@ async fn typing_burst(s: &TestServer, via: Via, n: usize) -> (Vec<Value>, Vec<Va
         }
         for id in ids {
             let mut r = ana.ws.reply(id).await;
-            r.as_object_mut().map(|m| m.retain(|k, _| k != "id" && k != "ok"));
+            if let Some(m) = r.as_object_mut() {
+                m.retain(|k, _| k != "id" && k != "ok");
+            }
             answers.push(r);
         }
     } else {

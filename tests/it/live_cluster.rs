@@ -21,7 +21,7 @@ async fn pushes(ws: &mut Ws, kind: &str, wait: Duration) -> Vec<Value> {
     let until = Instant::now() + wait;
     let mut got = vec![];
     while let Some(left) = until.checked_duration_since(Instant::now()) {
-        match ws.push_within(left).await {
+        match ws.live_push_within(left).await {
             Some(p) if p["push"] == kind => got.push(p),
             Some(_) => {}
             None => break,
@@ -34,7 +34,7 @@ async fn pushes(ws: &mut Ws, kind: &str, wait: Duration) -> Vec<Value> {
 async fn pushes_until_one(ws: &mut Ws, kind: &str, wait: Duration) -> Option<Value> {
     let until = Instant::now() + wait;
     while let Some(left) = until.checked_duration_since(Instant::now()) {
-        match ws.push_within(left).await {
+        match ws.live_push_within(left).await {
             Some(p) if p["push"] == kind => return Some(p),
             Some(_) => {}
             None => return None,
