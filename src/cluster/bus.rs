@@ -422,7 +422,7 @@ impl Inbound {
             match input {
                 Input::Event(event) => self.event(&delivery, event).await,
                 Input::Tick => delivery.expire_reordered(),
-                Input::Heartbeat => self.heartbeat().await,
+                Input::Heartbeat => self.heartbeat(&delivery).await,
                 Input::Bus(Kind::Answer, m) if m.status == Some(StatusCode::NO_RESPONDERS) => {
                     self.pending.not_there(&m.subject)
                 }
@@ -524,11 +524,15 @@ impl Inbound {
         }
     }
 
-    /// Says this node is alive, and forgets the nodes that went silent and
-    /// the forwarded writes whose callers stopped waiting.
-    async fn heartbeat(&self) {
+    /// Says this node is alive, and forgets the nodes that went silent (and
+    /// the users they had online) and the forwarded writes whose callers
+    /// stopped waiting.
+    async fn heartbeat(&self, delivery: &Delivery) {
         let Some((_, homes)) = &self.serving else { return };
-        homes.expire(Instant::now());
+        // A silent node's users are no longer online there (PROTOCOL v1.2 presence).
+        for node in homes.expire(Instant::now()) {
+            delivery.node_gone(node.as_str());
+        }
         self.pending.forget_abandoned();
         let _ = self.client.publish(NODES, self.seal.seal(NODES, None, &[])).await;
     }

@@ -184,6 +184,14 @@ impl Delivery {
         }
     }
 
+    /// Node `node` went silent: the users only it had online are not online.
+    pub fn node_gone(&self, node: &str) {
+        self.online_elsewhere.retain(|_, nodes| {
+            nodes.remove(node);
+            !nodes.is_empty()
+        });
+    }
+
     /// Whether another node said it has `user` online.
     pub fn online_elsewhere(&self, user: &UserId) -> bool {
         self.online_elsewhere.contains_key(user)

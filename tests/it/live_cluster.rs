@@ -170,3 +170,31 @@ async fn a_user_online_on_one_node_is_online_on_the_other_and_going_offline_is_a
         "offline_push_ms_after_leaving": after_ms, "presence_after": answer});
     assert!(check.resolve(observed, pass));
 }
+
+#[actix_web::test]
+async fn a_killed_nodes_users_are_no_longer_online_on_the_others() {
+    let mut c = Cluster::start(2).await;
+    let (ana_t, ben_t) = (c.user("ana").await, c.user("ben").await);
+    direct(&c, &ana_t, "ben").await;
+    let mut ana = c.nodes[1].ws(&ana_t).await;
+    let _ben = c.nodes[0].ws(&ben_t).await;
+    pushes(&mut ana, "presence", Duration::from_millis(1000)).await;
+    let before = presence_of(&mut ana, "ben").await;
+    c.nodes[0].kill().await;
+    let killed = Instant::now();
+    let mut after = before.clone();
+    while killed.elapsed() < Duration::from_secs(10) && after["online"] != false {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        after = presence_of(&mut ana, "ben").await;
+    }
+    let offline_after_ms = killed.elapsed().as_millis();
+    let pass = before["online"] == true && after["online"] == false;
+    let check = Check::start(
+        SUITE,
+        "14-presence-node-killed",
+        "SIGKILL",
+        "ben online only on node A, which is killed: once A's heartbeat is missed, ana on node B reads ben offline",
+    );
+    let observed = json!({"before": before, "after": after, "offline_read_ms_after_kill": offline_after_ms});
+    assert!(check.resolve(observed, pass));
+}
