@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use imcore::config::WritePath;
 use serde_json::{json, Value};
 
 use crate::evidence::Check;
@@ -146,8 +147,8 @@ async fn group(owner: &mut Client, id: &str, members: &[&str], settings: Value) 
 
 #[actix_web::test]
 async fn a_blocked_user_cannot_send_in_the_direct_chat_and_a_block_racing_its_sends_cuts_them_at_one_point() {
-    for via in [Via::Ws, Via::Http] {
-        let s = TestServer::start().await;
+    for (via, path) in [(Via::Ws, WritePath::Actor), (Via::Http, WritePath::Actor), (Via::Ws, WritePath::Direct)] {
+        let s = TestServer::with(|c| c.engine.write.path = path).await;
         let (mut ana, mut ben) = (Client::new(&s, "ana").await, Client::new(&s, "ben").await);
         let conv = direct(&mut ana, &ben).await;
         let before = code(&ben.send(via, &conv, "b-0").await).to_owned();
@@ -194,10 +195,14 @@ async fn a_blocked_user_cannot_send_in_the_direct_chat_and_a_block_racing_its_se
             && unblocked == json!({})
             && after == "ok"
             && cut_once;
+        let variant = match path {
+            WritePath::Actor => via.name().to_owned(),
+            WritePath::Direct => format!("{} write_path=direct", via.name()),
+        };
         let check = Check::start(
             SUITE,
             "14-block-direct-send",
-            via.name(),
+            variant,
             "after block, the blocked user's send in the direct chat is BLOCKED and the blocker's goes; after unblock it goes again; 150 pipelined sends racing a block: ok up to one point, BLOCKED from there on",
         );
         let observed = json!({"before": before, "block": blocked, "blocked_send": refused, "blocker_send": blocker_sends,
