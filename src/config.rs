@@ -64,6 +64,9 @@ pub struct Config {
     #[command(flatten)]
     pub retention: RetentionSettings,
 
+    #[command(flatten)]
+    pub live: LiveSettings,
+
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "IMCORE_WORKERS", default_value_t = 0)]
     pub workers: usize,
@@ -122,6 +125,7 @@ impl Config {
             ws: WsSettings::default(),
             limits: LimitSettings::default(),
             retention: RetentionSettings::default(),
+            live: LiveSettings::default(),
             workers: 0,
             nats_url: None,
             bus: BusSettings::default(),
@@ -437,6 +441,46 @@ impl LimitSettings {
     /// The body read timeout, `None` for none.
     pub fn body_timeout(&self) -> Option<Duration> {
         (self.body_timeout_ms > 0).then(|| Duration::from_millis(self.body_timeout_ms))
+    }
+}
+
+/// Live signals and blocking (PROTOCOL v1.2): typing, presence, read
+/// pushes to others, the block list.
+#[derive(Debug, Clone, Args)]
+pub struct LiveSettings {
+    /// Ms during which one device's `typing` in one conversation is forwarded
+    /// at most once (the rest are answered and dropped); 0: every one is.
+    #[arg(long, env = "IMCORE_TYPING_INTERVAL_MS", default_value_t = LiveSettings::default().typing_interval_ms)]
+    pub typing_interval_ms: u64,
+
+    /// Ms a user's last device may stay away before it is announced offline
+    /// (a reconnect within it announces nothing).
+    #[arg(long, env = "IMCORE_PRESENCE_GRACE_MS", default_value_t = LiveSettings::default().presence_grace_ms)]
+    pub presence_grace_ms: u64,
+
+    /// Largest group whose members get each other's read cursors pushed
+    /// (direct conversations always do); 0: groups never do.
+    #[arg(long, env = "IMCORE_READ_PUSH_MAX_MEMBERS", default_value_t = LiveSettings::default().read_push_max_members)]
+    pub read_push_max_members: i32,
+
+    /// Most users one user may block.
+    #[arg(long, env = "IMCORE_MAX_BLOCKS", default_value_t = LiveSettings::default().max_blocks)]
+    pub max_blocks: i64,
+}
+
+impl Default for LiveSettings {
+    fn default() -> Self {
+        Self { typing_interval_ms: 1000, presence_grace_ms: 5000, read_push_max_members: 100, max_blocks: 1000 }
+    }
+}
+
+impl LiveSettings {
+    pub fn typing_interval(&self) -> Duration {
+        Duration::from_millis(self.typing_interval_ms)
+    }
+
+    pub fn presence_grace(&self) -> Duration {
+        Duration::from_millis(self.presence_grace_ms)
     }
 }
 

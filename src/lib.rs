@@ -26,6 +26,8 @@
 //! * [`cluster`] — several nodes on one PostgreSQL: the NATS bus that carries
 //!   committed batches, route claims and writes forwarded to a conversation's
 //!   home node between them (optional; a single node runs without it).
+//! * [`online`] — who is online (presence, PROTOCOL v1.2): connections counted
+//!   per user, changes announced to direct peers after a grace period.
 //! * [`budget`] — the global memory budget in bytes for queued message bodies
 //!   and queued push frames; beyond it `OVERLOADED` or a 1013 close.
 //! * [`protocol`] — wire shapes (events, conversations, pushes) and error codes.
@@ -117,6 +119,7 @@ pub mod delivery;
 pub mod domain;
 pub mod gateway;
 pub mod metrics;
+pub mod online;
 pub mod pg;
 pub mod protocol;
 pub mod startup;

@@ -18,6 +18,9 @@
 //! * `imcore.node` — "this node takes homes" (see `home`), every heartbeat.
 //! * `imcore.write.<node>` — a write forwarded to the conversation's home
 //!   node, a request answered on the forwarding node's inbox.
+//! * `imcore.live` — a live signal (PROTOCOL v1.2: typing, a read cursor or
+//!   presence change for users' devices, a user online or not on the
+//!   sender); ephemeral: never published again, its loss resyncs nobody.
 //!
 //! Every message is sealed by its sender and opened here before anything
 //! reads it (`seal`); one that does not open is dropped and counted — it is
@@ -54,11 +57,11 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use super::forward::{self, Forward, PendingWrites, Route, WRITES};
 use super::home::{Homes, HEARTBEAT};
 use super::node::NodeId;
-use super::publisher::{round_trip, Claim, Outbound, Publisher, Revoked, BATCHES, LOST, OUTBOX, REVOKED, ROUTES};
+use super::publisher::{round_trip, Claim, Outbound, Publisher, Revoked, BATCHES, LIVE, LOST, OUTBOX, REVOKED, ROUTES};
 use super::routing::{settle, Settled};
 use super::seal::{Opened, Refused, Seal, MIN_KEY_BYTES};
 use crate::config::BusSettings;
-use crate::delivery::{Delivery, KickReason, Peers, Push, REORDER_WAIT};
+use crate::delivery::{Delivery, KickReason, Live, Peers, Push, REORDER_WAIT};
 use crate::metrics::metrics;
 use crate::store::{Appended, WriteOp};
 use crate::writer::Writer;
@@ -119,6 +122,11 @@ impl Peers for Bus {
 
     fn revoke(&self, user: &UserId, device: &DeviceId) {
         self.send(Outbound::Revoked(Revoked { user: user.clone(), device: device.clone() }));
+    }
+
+    /// Dropped when the outbox is full: a live signal is not worth a resync.
+    fn live(&self, live: Live) {
+        let _ = self.outbox.try_send(Outbound::Live(live));
     }
 }
 
@@ -288,6 +296,7 @@ struct Subscriptions {
     routes: Subscriber,
     revoked: Subscriber,
     lost: Subscriber,
+    live: Subscriber,
     /// Those of a node taking homes.
     homes: Option<HomeSubscriptions>,
 }
@@ -323,6 +332,7 @@ impl Subscriptions {
             routes: client.subscribe(ROUTES).await?,
             revoked: client.subscribe(REVOKED).await?,
             lost: client.subscribe(LOST).await?,
+            live: client.subscribe(LIVE).await?,
             homes,
         };
         if !round_trip(client, confirm_subject).await {
@@ -345,6 +355,7 @@ enum Kind {
     Claim,
     Revoked,
     Lost,
+    Live,
     Node,
     Write,
     Answer,
@@ -399,6 +410,7 @@ impl Inbound {
                 Some(m) = subs.routes.next() => Input::Bus(Kind::Claim, m),
                 Some(m) = subs.revoked.next() => Input::Bus(Kind::Revoked, m),
                 Some(m) = subs.lost.next() => Input::Bus(Kind::Lost, m),
+                Some(m) = subs.live.next() => Input::Bus(Kind::Live, m),
                 Some(m) = next(nodes) => Input::Bus(Kind::Node, m),
                 Some(m) = next(writes) => Input::Bus(Kind::Write, m),
                 Some(m) = next(answers) => Input::Bus(Kind::Answer, m),
@@ -410,7 +422,7 @@ impl Inbound {
             match input {
                 Input::Event(event) => self.event(&delivery, event).await,
                 Input::Tick => delivery.expire_reordered(),
-                Input::Heartbeat => self.heartbeat().await,
+                Input::Heartbeat => self.heartbeat(&delivery).await,
                 Input::Bus(Kind::Answer, m) if m.status == Some(StatusCode::NO_RESPONDERS) => {
                     self.pending.not_there(&m.subject)
                 }
@@ -451,6 +463,10 @@ impl Inbound {
                 );
                 delivery.resync_all();
             }
+            Kind::Live => match serde_json::from_slice::<Live>(payload) {
+                Ok(live) => delivery.from_peer_live(opened.sender.as_str(), live),
+                Err(_) => Refused::Malformed.count(&m.subject),
+            },
             Kind::Node => {
                 if let Some((_, homes)) = &self.serving {
                     homes.heard(opened.sender, Instant::now());
@@ -508,11 +524,15 @@ impl Inbound {
         }
     }
 
-    /// Says this node is alive, and forgets the nodes that went silent and
-    /// the forwarded writes whose callers stopped waiting.
-    async fn heartbeat(&self) {
+    /// Says this node is alive, and forgets the nodes that went silent (and
+    /// the users they had online) and the forwarded writes whose callers
+    /// stopped waiting.
+    async fn heartbeat(&self, delivery: &Delivery) {
         let Some((_, homes)) = &self.serving else { return };
-        homes.expire(Instant::now());
+        // A silent node's users are no longer online there (PROTOCOL v1.2 presence).
+        for node in homes.expire(Instant::now()) {
+            delivery.node_gone(node.as_str());
+        }
         self.pending.forget_abandoned();
         let _ = self.client.publish(NODES, self.seal.seal(NODES, None, &[])).await;
     }

@@ -58,20 +58,22 @@ impl Homes {
         }
     }
 
-    /// Forgets the nodes not heard since `NODE_TIMEOUT` before `now`.
-    pub(super) fn expire(&self, now: Instant) {
+    /// Forgets the nodes not heard since `NODE_TIMEOUT` before `now`; returns them.
+    pub(super) fn expire(&self, now: Instant) -> Vec<NodeId> {
         let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
-        let before = heard.len();
+        let mut silent = Vec::new();
         heard.retain(|node, at| {
             let alive = now.duration_since(*at) < NODE_TIMEOUT;
             if !alive {
                 tracing::warn!(node = node.as_str(), "cluster: a node went silent; its conversations move");
+                silent.push(node.clone());
             }
             alive
         });
-        if heard.len() != before {
+        if !silent.is_empty() {
             self.publish(&heard);
         }
+        silent
     }
 
     /// Cut off from the bus: every conversation is homed here until the
@@ -143,9 +145,9 @@ mod tests {
         let start = Instant::now();
         homes.heard(other.clone(), start);
         let theirs = (0..100).map(conv).find(|c| homes.home_of(c).is_some()).expect("some homed on the other");
-        homes.expire(start + NODE_TIMEOUT / 2);
+        assert!(homes.expire(start + NODE_TIMEOUT / 2).is_empty());
         assert_eq!(homes.home_of(&theirs), Some(other.clone()));
-        homes.expire(start + NODE_TIMEOUT);
+        assert_eq!(homes.expire(start + NODE_TIMEOUT), std::slice::from_ref(&other));
         assert_eq!(homes.home_of(&theirs), None);
         homes.heard(other.clone(), start);
         homes.alone();

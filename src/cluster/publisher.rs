@@ -15,12 +15,15 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use super::forward::{Forward, Forwarded, PendingWrites};
 use super::node::NodeId;
 use super::seal::Seal;
+use crate::delivery::Live;
 use crate::store::Appended;
 
 pub(super) const BATCHES: &str = "imcore.batch";
 pub(super) const ROUTES: &str = "imcore.route";
 pub(super) const REVOKED: &str = "imcore.revoke";
 pub(super) const LOST: &str = "imcore.lost";
+/// Live signals (PROTOCOL v1.2): ephemeral, never published again.
+pub(super) const LIVE: &str = "imcore.live";
 
 /// Batches and claims waiting for the bus. Past it this node's batches are
 /// lost to the others, and it says so (`imcore.lost`) once it can.
@@ -50,6 +53,7 @@ pub(super) enum Outbound {
     Batch(Arc<Appended>),
     Claim(Claim),
     Revoked(Revoked),
+    Live(Live),
     Forward(NodeId, Forward, oneshot::Sender<Forwarded>),
 }
 
@@ -108,6 +112,13 @@ impl Publisher {
             Outbound::Revoked(r) => serde_json::to_vec(&r).map(|b| (REVOKED.to_owned(), b)),
             Outbound::Forward(home, forward, reply) => {
                 return self.pending.publish(&self.client, &self.seal, home, forward, reply).await
+            }
+            // Ephemeral: a lost one is not sent again, nor does it make anyone resync.
+            Outbound::Live(live) => {
+                if let Ok(bytes) = serde_json::to_vec(&live) {
+                    let _ = self.client.publish(LIVE, self.seal.seal(LIVE, None, &bytes)).await;
+                }
+                return;
             }
         };
         let Ok((subject, bytes)) = encoded else {

@@ -93,6 +93,16 @@ pub(super) enum LaneInput {
     /// The lane may have missed batches it cannot name (the bus between nodes
     /// lost messages): every user it serves resyncs.
     ResyncAll,
+    /// An ephemeral signal (`typing`) for the members of a conversation.
+    Signal(Arc<Signal>),
+}
+
+/// An ephemeral frame for the current members of `conv` online in a lane,
+/// but `from` (PROTOCOL v1.2 `typing`): never stored, never in a batch.
+pub struct Signal {
+    pub conv: ConvId,
+    pub from: UserId,
+    pub frame: Arc<str>,
 }
 
 /// What a user whose snapshot is loading saw meanwhile.
@@ -164,6 +174,15 @@ impl Lane {
                 }
             }
             LaneInput::Unsubscribe { user, conn } => self.presence.unsubscribe(&user, conn),
+            LaneInput::Signal(signal) => {
+                for user in self.presence.members_of(&signal.conv) {
+                    if user != signal.from {
+                        for (_, route) in self.routes.routes_of(&user) {
+                            route.recipient.send(signal.frame.clone());
+                        }
+                    }
+                }
+            }
             LaneInput::ResyncAll => {
                 for user in self.presence.clear() {
                     self.close(&user);

@@ -15,6 +15,7 @@ mod lane;
 mod order;
 mod presence;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::mem;
 use std::sync::atomic::Ordering;
@@ -32,6 +33,7 @@ use crate::config::DeliverySettings;
 use crate::metrics::metrics;
 use crate::store::{Appended, Membership};
 pub use conn::{Conn, KickReason, PendingHeads, Push, Routes};
+pub use lane::Signal;
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
 pub use order::REORDER_WAIT;
 use order::{Admitted, Reorder};
@@ -58,6 +60,8 @@ pub struct Delivery {
     /// With peers: batches of one conversation from here and from the bus,
     /// back in seq order.
     reorder: Reorder,
+    /// Users other nodes said they have online, and which nodes (`Live::Online`).
+    online_elsewhere: DashMap<UserId, HashSet<String>>,
 }
 
 /// The other nodes of a cluster, as delivery sees them (ARCHITECTURE §7).
@@ -71,6 +75,20 @@ pub trait Peers: Send + Sync {
     fn claim(&self, user: &UserId, device: &DeviceId, conn: ConnId);
     /// `user`'s `device` has a new token: a node routing it kicks that connection.
     fn revoke(&self, user: &UserId, device: &DeviceId);
+    /// An ephemeral signal for the other nodes (PROTOCOL v1.2); may be lost.
+    fn live(&self, live: Live);
+}
+
+/// What the live signals (PROTOCOL v1.2) tell the other nodes: never stored,
+/// never in a conversation's batches; a lost one is not made up for.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub enum Live {
+    /// For the current members of `conv` online there, but `from` (`typing`).
+    Signal { conv: ConvId, from: UserId, frame: String },
+    /// For every device of `users` there (a read cursor, a presence change).
+    ToUsers { users: Vec<UserId>, frame: String },
+    /// Whether the sending node has `user` online (a device, or its grace).
+    Online { user: UserId, online: bool },
 }
 
 struct LaneHandle {
@@ -118,6 +136,7 @@ impl Delivery {
             held: DashMap::new(),
             peers: OnceLock::new(),
             reorder: Reorder::new(Instant::now()),
+            online_elsewhere: DashMap::new(),
         }
     }
 
@@ -125,6 +144,57 @@ impl Delivery {
     /// `peers` too. Once per process; a second call is ignored.
     pub fn join(&self, peers: Arc<dyn Peers>) {
         let _ = self.peers.set(peers);
+    }
+
+    /// Hands `live` to the other nodes, if any.
+    pub fn live(&self, live: Live) {
+        if let Some(peers) = self.peers.get() {
+            peers.live(live);
+        }
+    }
+
+    /// A live signal from node `node`: to this node's devices, or (`Online`)
+    /// into what this node knows of users online elsewhere.
+    pub fn from_peer_live(&self, node: &str, live: Live) {
+        match live {
+            Live::Signal { conv, from, frame } => self.signal(Signal { conv, from, frame: frame.into() }),
+            Live::ToUsers { users, frame } => {
+                let frame: Arc<str> = frame.into();
+                for user in &users {
+                    self.to_user(user, &frame, None);
+                }
+            }
+            Live::Online { user, online } => match self.online_elsewhere.entry(user) {
+                Entry::Occupied(mut e) => {
+                    if online {
+                        e.get_mut().insert(node.to_owned());
+                    } else {
+                        e.get_mut().remove(node);
+                        if e.get().is_empty() {
+                            e.remove();
+                        }
+                    }
+                }
+                Entry::Vacant(e) => {
+                    if online {
+                        e.insert(HashSet::from([node.to_owned()]));
+                    }
+                }
+            },
+        }
+    }
+
+    /// Node `node` went silent: the users only it had online are not online.
+    pub fn node_gone(&self, node: &str) {
+        self.online_elsewhere.retain(|_, nodes| {
+            nodes.remove(node);
+            !nodes.is_empty()
+        });
+    }
+
+    /// Whether another node said it has `user` online.
+    pub fn online_elsewhere(&self, user: &UserId) -> bool {
+        self.online_elsewhere.contains_key(user)
     }
 
     /// Whether this node is one of several (connection ids then come from the
@@ -216,6 +286,15 @@ impl Delivery {
             if Some(&device) != except {
                 route.recipient.send(frame.clone());
             }
+        }
+    }
+
+    /// Sends `signal` to the current members of its conversation online on
+    /// this node (every lane looks among its own users); never waits.
+    pub fn signal(&self, signal: Signal) {
+        let signal = Arc::new(signal);
+        for lane in &self.lanes {
+            let _ = lane.input.send(LaneInput::Signal(signal.clone()));
         }
     }
 

@@ -254,6 +254,22 @@ impl<B: Clone> Presence<B> {
         true
     }
 
+    /// The live users of this lane that are members of `conv` now (as far
+    /// as the batches applied so far say).
+    pub fn members_of(&self, conv: &ConvId) -> Vec<UserId> {
+        let Some(trackers) = self.trackers.get(conv) else { return Vec::new() };
+        trackers
+            .iter()
+            .filter(|user| match self.users.get(*user) {
+                Some(User { knowledge: Knowledge::Live(convs), .. }) => {
+                    convs.get(conv).is_some_and(|p| p.open_from.is_some())
+                }
+                _ => false,
+            })
+            .cloned()
+            .collect()
+    }
+
     /// Drops every user's state; returns the users (their connections are
     /// being closed).
     pub fn clear(&mut self) -> Vec<UserId> {
@@ -421,6 +437,18 @@ mod tests {
         resynced.sort();
         assert_eq!(resynced, [user("cid"), user("dan")]);
         assert_eq!(p.size(), (0, 0));
+    }
+
+    #[test]
+    fn members_of_names_the_live_users_with_an_open_period() {
+        let [a, b, c] = conns(3)[..] else { unreachable!() };
+        let mut p = Presence::<u32>::new(8);
+        online(&mut p, "ann", a, vec![membership(Some(1), 2)]);
+        online(&mut p, "bob", b, vec![membership(None, 2)]);
+        p.subscribe(&user("cid"), c);
+        assert_eq!(p.members_of(&conv()), [user("ann")]);
+        apply(&mut p, &[join(3, "bob"), leave(4, "ann")]);
+        assert_eq!(p.members_of(&conv()), [user("bob")]);
     }
 
     #[test]

@@ -88,11 +88,14 @@ pub struct Standing {
     /// Bits added to the role's (a subset of [`ADMIN_BITS`]).
     pub extra_perms: u32,
     pub mute_until: Option<DateTime<Utc>>,
+    /// In a direct conversation: the other member blocked this one, which
+    /// may then not send (`BLOCKED`). Written only by `block`/`unblock`.
+    pub blocked: bool,
 }
 
 impl Standing {
     pub fn new(role: Role) -> Self {
-        Self { role, role_until: None, extra_perms: 0, mute_until: None }
+        Self { role, role_until: None, extra_perms: 0, mute_until: None, blocked: false }
     }
 
     /// The role at `now`: a temporary admin past its `until` is a member.

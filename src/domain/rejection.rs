@@ -31,4 +31,8 @@ pub enum Rejection {
     NotFound(Cow<'static, str>),
     #[error("{0} already exists")]
     AlreadyExists(Cow<'static, str>),
+    /// The other user blocked the caller (PROTOCOL v1.2); the answer says
+    /// nothing more.
+    #[error("blocked")]
+    Blocked,
 }

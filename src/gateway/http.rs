@@ -189,6 +189,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         vec![(Method::POST, op!("approve"))],
     ))
     .service(resource("/v1/conversations/{conv_id}/applications/{user_id}/reject", vec![(Method::POST, op!("reject"))]))
+    .service(resource("/v1/conversations/{conv_id}/reads", vec![(Method::GET, op!("reads"))]))
+    .service(resource("/v1/conversations/{conv_id}/typing", vec![(Method::POST, op!("typing"))]))
+    .service(resource("/v1/presence", vec![(Method::POST, op!("presence"))]))
+    .service(resource("/v1/blocks", vec![(Method::POST, op!("block")), (Method::GET, op!("blocks"))]))
+    .service(resource("/v1/blocks/{user_id}", vec![(Method::DELETE, op!("unblock"))]))
     .service(resource("/v1/ping", vec![(Method::GET, op!("ping"))]))
     .service(resource("/v1/me", vec![(Method::GET, op!("whoami"))]));
 }

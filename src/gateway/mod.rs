@@ -6,7 +6,8 @@
 //! * `auth` — device and admin bearer tokens, refusals remembered briefly;
 //!   `admin_guard` — the budget of failed admin authentications per address.
 //! * `caps` — connections per IP address and WebSocket devices per user.
-//! * `create_rate` — the per-user limit on conversations created per minute.
+//! * `create_rate` — the per-user limit on conversations created per minute;
+//!   `typing_rate` — the `typing` throttle per device and conversation.
 //! * `gate` — write ops of strangers to a conversation refused before its writer.
 //! * `request` — a device request parsed and checked at the edge.
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
@@ -19,8 +20,10 @@
 //! # Pushes
 //! A push is a text frame without `id`, named by its `"push"` key:
 //! `{"push": "event", "conv_id", "event"}`, `{"push": "events", "conv_id", "events"}`,
-//! `{"push": "head", "conv_id", "head"}`, `{"push": "read", "conv_id", "read_seq"}`,
-//! `{"push": "kicked", "reason"}`.
+//! `{"push": "head", "conv_id", "head"}`, `{"push": "read", "conv_id", "read_seq"}` (own devices;
+//! another member's with `user_id`),
+//! `{"push": "typing", "conv_id", "user_id", "on"}`, `{"push": "presence", "user_id", "online",
+//! "last_seen"}`, `{"push": "kicked", "reason"}`.
 
 mod admin;
 mod admin_guard;
@@ -38,6 +41,7 @@ pub mod ops;
 mod outbound;
 mod request;
 mod session;
+mod typing_rate;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +62,7 @@ use crate::cluster::{write_at_home, Bus};
 use crate::config::Config;
 use crate::delivery::{Delivery, Push};
 use crate::metrics::metrics;
+use crate::online::Online;
 use crate::store::{Store, WriteOp, Written};
 use crate::writer::{WriteFailure, Writer};
 
@@ -78,12 +83,15 @@ pub struct AppState {
     /// Bytes of bodies queued on the writer and of pushes queued for
     /// connections, all clients together (`limits.memory_budget_bytes`).
     pub budget: Arc<MemoryBudget>,
+    /// Who is online, and the announcements of changes (PROTOCOL v1.2).
+    pub online: Arc<Online>,
     /// TCP connections per peer address, counted from accept (`on_connect`).
     pub per_ip: Arc<caps::PerIp>,
     /// Devices in WebSocket session per user.
     pub per_user: Arc<caps::PerUser>,
     create_rate: create_rate::CreateRate,
     gate: Arc<gate::Gate>,
+    typing_rate: typing_rate::TypingRate,
     refused_tokens: auth::RefusedTokens,
     admin_guard: admin_guard::AdminGuard,
     /// Set once graceful shutdown began: upgrades are refused, sessions leave.
@@ -100,6 +108,7 @@ impl AppState {
         config: Arc<Config>,
     ) -> Self {
         Self {
+            online: Online::new(store.clone(), delivery.clone(), config.live.presence_grace()),
             store,
             writer,
             bus,
@@ -111,6 +120,7 @@ impl AppState {
             per_user: caps::PerUser::new(config.limits.max_connections_per_user),
             create_rate: create_rate::CreateRate::new(config.limits.create_per_minute),
             gate: Arc::new(gate::Gate::new(config.limits.gate_pairs)),
+            typing_rate: typing_rate::TypingRate::new(config.live.typing_interval()),
             refused_tokens: auth::RefusedTokens::default(),
             admin_guard: admin_guard::AdminGuard::default(),
             config,

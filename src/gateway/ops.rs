@@ -17,9 +17,12 @@ use super::error::ApiError;
 use super::group::{applications_json, members_json, written_json};
 use super::request::{NewConversation, Request};
 use super::AppState;
+use crate::delivery::{Live, Signal};
 use crate::domain::format_time;
 use crate::metrics::{metrics, observe_send, Running};
-use crate::protocol::{conversation_json, inbox_item_json, push_read, send_ack, sync_page, ErrorCode};
+use crate::protocol::{
+    conversation_json, inbox_item_json, push_member_read, push_read, push_typing, send_ack, sync_page, ErrorCode,
+};
 use crate::store::{
     Appended, CreateConversation, GroupOp, InboxDelta, RecallOp, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
 };
@@ -169,10 +172,63 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
             Reply::ok(sync_page(&page))
         }
         Request::Read { conv, seq } => {
-            let read_seq = state.store.mark_read(&conv, user, seq).await?;
-            let frame: Arc<str> = push_read(conv.as_str(), read_seq).into();
-            state.delivery.to_user(user, &frame, Some(&caller.device_id));
-            Reply::ok(json!({ "read_seq": read_seq }))
+            let marked =
+                state.store.mark_read_telling(&conv, user, seq, state.config.live.read_push_max_members).await?;
+            let own: Arc<str> = push_read(conv.as_str(), marked.read_seq).into();
+            state.delivery.to_user(user, &own, Some(&caller.device_id));
+            if !marked.tell.is_empty() {
+                let frame = push_member_read(conv.as_str(), user.as_str(), marked.read_seq);
+                let shared: Arc<str> = frame.as_str().into();
+                for other in &marked.tell {
+                    state.delivery.to_user(other, &shared, None);
+                }
+                if state.delivery.clustered() {
+                    state.delivery.live(Live::ToUsers { users: marked.tell, frame });
+                }
+            }
+            Reply::ok(json!({ "read_seq": marked.read_seq }))
+        }
+        Request::Reads { conv, after, limit } => {
+            let page = state.store.reads(&conv, user, after, limit).await?;
+            let reads: Vec<Value> =
+                page.reads.iter().map(|r| json!({"user_id": r.user_id.as_str(), "read_seq": r.read_seq})).collect();
+            Reply::ok(json!({"reads": reads, "next": page.next}))
+        }
+        Request::Typing { conv, on } => typing(state, caller, conv, on).await,
+        Request::Presence { users } => {
+            let sharing = state.store.sharing(user, &users).await?;
+            let known: Vec<UserId> = users.iter().filter(|u| sharing.contains(*u)).cloned().collect();
+            let last_seen = state.store.last_seen(&known).await?;
+            let answer: Vec<Value> = users
+                .iter()
+                .map(|u| match sharing.contains(u) {
+                    false => json!({"user_id": u.as_str(), "online": null, "last_seen": null}),
+                    true => {
+                        let online = state.online.is_online(u);
+                        let seen = if online { None } else { last_seen.get(u).map(|t| format_time(*t)) };
+                        json!({"user_id": u.as_str(), "online": online, "last_seen": seen})
+                    }
+                })
+                .collect();
+            Reply::ok(answer)
+        }
+        Request::Block { user: blocked } => {
+            state.store.block(user, &blocked, state.config.live.max_blocks).await?;
+            Reply::ok(json!({}))
+        }
+        Request::Unblock { user: blocked } => {
+            state.store.unblock(user, &blocked).await?;
+            Reply::ok(json!({}))
+        }
+        Request::Blocks => {
+            let blocks: Vec<Value> = state
+                .store
+                .blocks(user)
+                .await?
+                .iter()
+                .map(|b| json!({"user_id": b.user_id.as_str(), "created_at": format_time(b.created_at)}))
+                .collect();
+            Reply::ok(json!({ "blocks": blocks }))
         }
         Request::Members { conv, after, limit, q } => {
             Reply::ok(members_json(&state.store.members(&conv, user, after, limit, q.as_deref()).await?))
@@ -185,6 +241,26 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
         // Queued on the writer in `dispatch`.
         Request::Send { .. } | Request::Group { .. } | Request::Recall { .. } => Err(ApiError::internal()),
     }
+}
+
+/// `typing`: answered `{}` whatever happens to it. Forwarded, at most once
+/// per device, conversation and interval, to the other members online (on
+/// every node) — unless the caller is muted or blocked there, or the
+/// conversation is `pull`. A throttled one is dropped before the database
+/// is asked; a non-member gets `NOT_MEMBER`.
+async fn typing(state: &AppState, caller: &TokenOwner, conv: ConvId, on: bool) -> Result<Reply, ApiError> {
+    let key = (caller.user_id.clone(), caller.device_id.clone(), conv.clone());
+    if state.typing_rate.throttled(&key) {
+        return Reply::ok(json!({}));
+    }
+    let forward = state.store.typing_forwarded(&conv, &caller.user_id).await?;
+    if state.typing_rate.claim(key) && forward {
+        let frame = push_typing(conv.as_str(), caller.user_id.as_str(), on);
+        let from = caller.user_id.clone();
+        state.delivery.live(Live::Signal { conv: conv.clone(), from: from.clone(), frame: frame.clone() });
+        state.delivery.signal(Signal { conv, from, frame: frame.into() });
+    }
+    Reply::ok(json!({}))
 }
 
 /// `create_conversation`, within the caller's creation rate (every request

@@ -18,6 +18,8 @@ use crate::store::{
     GroupChange, GroupSettings, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
 
+/// Most users named in one `presence`.
+pub const MAX_PRESENCE_USERS: usize = 100;
 /// Most members named in one `create_conversation`.
 pub const MAX_CREATE_MEMBERS: usize = 1000;
 /// Longest inbox cursor accepted: ours are the hex of `<µs>:<conv_id>`, at
@@ -72,6 +74,28 @@ pub enum Request {
     Ping,
     /// Who the caller's token belongs to (a client shows it and tells its own messages apart).
     WhoAmI,
+    /// The members' read cursors, paged like `members` (PROTOCOL v1.2).
+    Reads {
+        conv: ConvId,
+        after: i64,
+        limit: i64,
+    },
+    /// An ephemeral typing signal (PROTOCOL v1.2): never stored.
+    Typing {
+        conv: ConvId,
+        on: bool,
+    },
+    /// Who of these users is online (PROTOCOL v1.2); distinct, at most [`MAX_PRESENCE_USERS`].
+    Presence {
+        users: Vec<UserId>,
+    },
+    Block {
+        user: UserId,
+    },
+    Unblock {
+        user: UserId,
+    },
+    Blocks,
 }
 
 #[derive(Debug, Clone)]
@@ -105,6 +129,12 @@ impl Request {
             Request::Applications { .. } => "applications",
             Request::Ping => "ping",
             Request::WhoAmI => "whoami",
+            Request::Reads { .. } => "reads",
+            Request::Typing { .. } => "typing",
+            Request::Presence { .. } => "presence",
+            Request::Block { .. } => "block",
+            Request::Unblock { .. } => "unblock",
+            Request::Blocks => "blocks",
         }
     }
 
@@ -131,13 +161,19 @@ impl Request {
             | Request::Group { conv, .. }
             | Request::Recall { conv, .. }
             | Request::Members { conv, .. }
-            | Request::Applications { conv, .. } => Some(conv),
+            | Request::Applications { conv, .. }
+            | Request::Reads { conv, .. }
+            | Request::Typing { conv, .. } => Some(conv),
             Request::Sync(p) => Some(&p.conv),
             Request::CreateConversation(_)
             | Request::Conversations { .. }
             | Request::ConversationsSince { .. }
             | Request::Ping
-            | Request::WhoAmI => None,
+            | Request::WhoAmI
+            | Request::Presence { .. }
+            | Request::Block { .. }
+            | Request::Unblock { .. }
+            | Request::Blocks => None,
         }
     }
 
@@ -197,6 +233,18 @@ impl Request {
                 let (after, limit, q) = group::parse_members(&f)?;
                 Request::Members { conv: f.conv_id()?, after, limit, q }
             }
+            "reads" => {
+                let (after, limit, _) = group::parse_members(&f)?;
+                Request::Reads { conv: f.conv_id()?, after, limit }
+            }
+            "typing" => Request::Typing {
+                conv: f.conv_id()?,
+                on: f.opt_bool("on")?.ok_or_else(|| ApiError::bad_request("missing field `on`"))?,
+            },
+            "presence" => Request::Presence { users: parse_presence_users(&f)? },
+            "block" => Request::Block { user: f.user_id("user_id")? },
+            "unblock" => Request::Unblock { user: f.user_id("user_id")? },
+            "blocks" => Request::Blocks,
             "applications" => {
                 let (after, limit) = group::parse_applications(&f)?;
                 Request::Applications { conv: f.conv_id()?, after, limit }
@@ -255,6 +303,27 @@ fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
         }
         _ => Err(ApiError::bad_request("`kind` is `direct` or `group`")),
     }
+}
+
+/// `presence`'s `user_ids`: 0–100 user ids, repeats dropped (the first kept).
+fn parse_presence_users(f: &Fields<'_>) -> Result<Vec<UserId>, ApiError> {
+    let Some(Value::Array(items)) = f.get("user_ids") else {
+        return Err(ApiError::bad_request("`user_ids` must be an array of user ids"));
+    };
+    if items.len() > MAX_PRESENCE_USERS {
+        return Err(ApiError::bad_request(format!("at most {MAX_PRESENCE_USERS} user ids")));
+    }
+    let mut users: Vec<UserId> = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::String(s) = item else {
+            return Err(ApiError::bad_request("`user_ids` must be user ids"));
+        };
+        let user = UserId::parse(s)?;
+        if !users.contains(&user) {
+            users.push(user);
+        }
+    }
+    Ok(users)
 }
 
 /// A `since` token is opaque: any string of bounded length is taken (one that
@@ -343,6 +412,13 @@ mod tests {
         ] {
             assert_eq!(code(parse("conversations", fields.clone())), Some(ErrorCode::BadRequest), "{fields}");
         }
+        let ids = |n: usize| json!({"user_ids": (0..n).map(|i| format!("u{i}")).collect::<Vec<_>>()});
+        assert!(matches!(parse("presence", ids(100)), Ok(Request::Presence { users }) if users.len() == 100));
+        for fields in [ids(101), json!({"user_ids": "u1"}), json!({"user_ids": [1]}), json!({})] {
+            assert_eq!(code(parse("presence", fields.clone())), Some(ErrorCode::BadRequest), "{fields}");
+        }
+        assert_eq!(code(parse("typing", json!({"conv_id": "c1"}))), Some(ErrorCode::BadRequest));
+        assert_eq!(code(parse("block", json!({"user_id": "a b"}))), Some(ErrorCode::BadRequest));
         // Any other string is a token to look at: not ours answers `reset`, not an error.
         assert!(matches!(parse("conversations", json!({"since": "not ours"})), Ok(Request::ConversationsSince { .. })));
     }

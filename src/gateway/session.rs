@@ -76,6 +76,7 @@ pub async fn upgrade(
         fragments: None,
         fault,
         heads: Arc::default(),
+        online: false,
         outbound: outbound.clone(),
         _user_slot: user_slot,
     };
@@ -109,6 +110,8 @@ pub struct WsSession {
     fault: Rc<Cell<Option<StreamFault>>>,
     /// `pull`-mode heads delivery queued for this connection (`Push::Head`).
     heads: Arc<PendingHeads>,
+    /// Counted online (`AppState::online`): uncounted when it stops.
+    online: bool,
     /// What this connection has not yet written to its socket.
     outbound: Rc<Outbound>,
     /// This device's place in its user's session cap, given back when the session ends.
@@ -153,6 +156,8 @@ impl Actor for WsSession {
         }
         self.recheck_token(ctx);
         self.subscribe(ctx);
+        self.state.online.connect(&self.owner.user_id);
+        self.online = true;
         let (every, timeout) = (self.state.config.ws.ping(), self.state.config.ws.timeout());
         ctx.run_interval(every, move |act, ctx| {
             if act.last_heard.elapsed() >= timeout {
@@ -170,6 +175,9 @@ impl Actor for WsSession {
         // Compare-and-remove: a newer connection's route stays (P7).
         self.state.delivery.routes().unregister(&self.owner.user_id, &self.owner.device_id, self.conn_id);
         self.state.delivery.unsubscribe(&self.owner.user_id, self.conn_id);
+        if std::mem::take(&mut self.online) {
+            self.state.online.disconnect(&self.owner.user_id);
+        }
         self.state.sessions.remove(&self.conn_id);
     }
 }

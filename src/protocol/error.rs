@@ -12,6 +12,7 @@ pub enum ErrorCode {
     Forbidden,
     NotMember,
     Muted,
+    Blocked,
     ConvDismissed,
     AlreadyMember,
     AlreadyExists,
@@ -33,7 +34,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::Forbidden | ErrorCode::NotMember | ErrorCode::Muted => 403,
+            ErrorCode::Forbidden | ErrorCode::NotMember | ErrorCode::Muted | ErrorCode::Blocked => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::ConvDismissed => 410,
             ErrorCode::AlreadyMember
@@ -85,6 +86,7 @@ impl From<&Rejection> for WireError {
             Rejection::EpochChanged { .. } => ErrorCode::EpochChanged,
             Rejection::NotFound(_) => ErrorCode::NotFound,
             Rejection::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            Rejection::Blocked => ErrorCode::Blocked,
         };
         let mut e = WireError::new(code, r.to_string());
         if let Rejection::EpochChanged { epoch, min_seq } = r {
@@ -110,5 +112,7 @@ mod tests {
         assert_eq!(serde_json::to_value(&e).expect("json")["code"], "NOT_MEMBER");
         assert_eq!(ErrorCode::IdempotencyKeyExpired.http_status(), 409);
         assert_eq!(serde_json::to_value(ErrorCode::IdempotencyKeyExpired).expect("json"), "IDEMPOTENCY_KEY_EXPIRED");
+        assert_eq!(serde_json::to_value(WireError::from(&Rejection::Blocked)).expect("json")["code"], "BLOCKED");
+        assert_eq!(ErrorCode::Blocked.http_status(), 403);
     }
 }

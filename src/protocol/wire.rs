@@ -134,8 +134,23 @@ pub fn push_head(conv_id: &str, head: i64) -> String {
     json!({"push": "head", "conv_id": conv_id, "head": head}).to_string()
 }
 
+/// To the user's own other devices.
 pub fn push_read(conv_id: &str, read_seq: i64) -> String {
     json!({"push": "read", "conv_id": conv_id, "read_seq": read_seq}).to_string()
+}
+
+/// To the other members (PROTOCOL v1.2): `user_id` is whose cursor moved.
+pub fn push_member_read(conv_id: &str, user_id: &str, read_seq: i64) -> String {
+    json!({"push": "read", "conv_id": conv_id, "user_id": user_id, "read_seq": read_seq}).to_string()
+}
+
+pub fn push_typing(conv_id: &str, user_id: &str, on: bool) -> String {
+    json!({"push": "typing", "conv_id": conv_id, "user_id": user_id, "on": on}).to_string()
+}
+
+/// `last_seen`: when the user's last device went away (`null` while online).
+pub fn push_presence(user_id: &str, online: bool, last_seen: Option<String>) -> String {
+    json!({"push": "presence", "user_id": user_id, "online": online, "last_seen": last_seen}).to_string()
 }
 
 /// `reason`: `replaced` | `token_revoked` | `shutdown`.

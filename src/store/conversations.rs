@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use imcore_actors::{ConvId, UserId};
 use sha2::{Digest, Sha256};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 
 use super::error::decoded;
@@ -147,6 +147,36 @@ pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> Result<Conversatio
     })
 }
 
+/// `$1` the creator and the members it names: their rows share-locked, so a
+/// block by one of them (which locks its own row) is either committed and
+/// seen by the read after this, or waits for the creation (blocks.rs).
+const LOCK_NAMED_USERS: &str = "SELECT 1 FROM users WHERE user_id = ANY($1) ORDER BY user_id FOR SHARE";
+
+/// `$1` the creator, `$2` the members it names: one who blocked the creator.
+const BLOCKER_AMONG: &str = "SELECT 1 FROM blocks WHERE blocked = $1 AND blocker = ANY($2) LIMIT 1";
+
+/// A new direct conversation of a creator `$2` who blocks the other member
+/// `$3` starts with that member blocked (a block written before the
+/// conversation existed flagged nothing).
+const FLAG_BLOCKED_AT_CREATION: &str = "
+UPDATE members SET blocked = true
+ WHERE conv_id = $1 AND user_id = $3 AND EXISTS (SELECT 1 FROM blocks WHERE blocker = $2 AND blocked = $3)";
+
+/// `BLOCKED` when one of `others` blocked `creator` (PROTOCOL v1.2): a direct
+/// conversation is not created (nor an existing one answered), a group is not
+/// created with that member.
+async fn refuse_blockers(tx: &impl GenericClient, creator: &UserId, others: &[UserId]) -> Result<(), StoreError> {
+    let mut named: Vec<&str> = others.iter().map(UserId::as_str).collect();
+    let others_only = named.clone();
+    named.push(creator.as_str());
+    tx.execute_typed(LOCK_NAMED_USERS, &[(&named, Type::TEXT_ARRAY)]).await?;
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&creator.as_str(), Type::TEXT), (&others_only, Type::TEXT_ARRAY)];
+    if tx.query_typed_opt(BLOCKER_AMONG, &params).await?.is_some() {
+        return Err(Rejection::Blocked.into());
+    }
+    Ok(())
+}
+
 impl Store {
     pub async fn create_conversation(&self, req: &CreateConversation) -> Result<CreatedConversation, StoreError> {
         let (conv_id, kind, creator, others, settings, name) = match req {
@@ -178,6 +208,7 @@ impl Store {
         let mut conn = self.pool.get().await?;
         let (client, prepared) = conn.split().await?;
         let tx = client.transaction().await?;
+        refuse_blockers(&tx, creator, others).await?;
         let inserted = tx
             .execute_typed(
                 "INSERT INTO conversations (conv_id, kind, name, owner, delivery_mode, join_mode, max_member,
@@ -230,6 +261,11 @@ impl Store {
         let written = apply_ops(&tx, prepared, &conv_id, joins).await?;
         if let Some(Err(rejection)) = written.outcomes.into_iter().find(Result::is_err) {
             return Err(rejection.into()); // dropping `tx` rolls the whole creation back
+        }
+        if let ("direct", [other]) = (kind, others) {
+            let params: [(&(dyn ToSql + Sync), Type); 3] =
+                [(&conv_id.as_str(), Type::TEXT), (&creator.as_str(), Type::TEXT), (&other.as_str(), Type::TEXT)];
+            tx.execute_typed(FLAG_BLOCKED_AT_CREATION, &params).await?;
         }
         // Read before COMMIT, on the same connection: nothing can fail after
         // the commit (a retry would create a second group).

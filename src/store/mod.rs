@@ -10,6 +10,7 @@
 
 mod access;
 mod accounts;
+mod blocks;
 mod changes;
 mod commit_stage;
 mod connection;
@@ -22,6 +23,7 @@ mod port;
 mod presence;
 mod read;
 mod retention;
+mod signals;
 mod since_token;
 mod sync;
 mod write;
@@ -30,6 +32,7 @@ use crate::config::StoreSettings;
 
 pub use access::Access;
 pub use accounts::{token_hash, DeviceToken, TokenOwner};
+pub use blocks::Block;
 pub use changes::{InboxDelta, SINCE_MAX_AGE, SINCE_MAX_CHANGED};
 use commit_stage::CommitStage;
 pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, CreatedConversation, GroupSettings};
@@ -40,6 +43,7 @@ pub use members::{
 };
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use presence::Membership;
+pub use read::{MarkedRead, MemberRead, ReadsPage};
 pub use retention::PurgeReport;
 pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{

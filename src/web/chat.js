@@ -203,6 +203,8 @@ export class Chat extends EventTarget {
         return this.refreshInboxSoon();
       }
       case "read":
+        // Another member's cursor (PROTOCOL v1.2) is not ours.
+        if (push.user_id && push.user_id !== this.me.user_id) return;
         return this.readElsewhere(push.conv_id, push.read_seq);
     }
   }

@@ -28,6 +28,8 @@ mod inbox;
 mod input_forms;
 mod leaks;
 mod limits;
+mod live;
+mod live_cluster;
 mod overload;
 mod persistence;
 mod presence;

@@ -174,8 +174,22 @@ impl Ws {
         self.0.reply_without_id().await.expect("a reply without id")
     }
 
-    /// The next push, if one comes within `wait`.
+    /// The next push, if one comes within `wait`. Presence pushes (PROTOCOL
+    /// v1.2), which a user sharing a direct chat gets whenever the other one
+    /// connects or leaves, are passed over: [`Ws::live_push_within`] sees them.
     pub async fn push_within(&mut self, wait: Duration) -> Option<Value> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let left = until.checked_duration_since(tokio::time::Instant::now())?;
+            let push = self.0.push_within(left).await?;
+            if push["push"] != "presence" {
+                return Some(push);
+            }
+        }
+    }
+
+    /// The next push of any kind, if one comes within `wait`.
+    pub async fn live_push_within(&mut self, wait: Duration) -> Option<Value> {
         self.0.push_within(wait).await
     }
 
@@ -186,7 +200,10 @@ impl Ws {
     /// Reads until the server closes; the close code and the pushes seen.
     pub async fn closed(&mut self) -> Closed {
         match self.0.closed_within(WAIT).await {
-            Ok(closed) => closed,
+            Ok(mut closed) => {
+                closed.pushes.retain(|p| p["push"] != "presence");
+                closed
+            }
             Err(ClientError::Timeout(_)) => panic!("the server did not close the connection in time"),
             Err(e) => panic!("reading until close: {e}"),
         }

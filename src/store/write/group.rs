@@ -18,16 +18,18 @@ use super::Roster;
 use crate::domain::{format_time, EventKind, Permission, Rejection, Role, Standing, DISMISSED_CHANGE};
 
 impl BatchBuilder {
+    /// `blockers`: (blocker, blocked) pairs among the invitees and inviters.
     pub(super) fn group(
         &mut self,
         op: &GroupOp,
         known_users: &HashSet<UserId>,
+        blockers: &HashSet<(UserId, UserId)>,
         applications: &HashSet<UserId>,
         members: &mut Roster,
     ) -> WriteOutcome {
         match op.change {
             GroupChange::Join => self.self_join(&op.actor, applications, members),
-            _ => self.member_op(op, known_users, applications, members),
+            _ => self.member_op(op, known_users, blockers, applications, members),
         }
     }
 
@@ -36,6 +38,7 @@ impl BatchBuilder {
         &mut self,
         op: &GroupOp,
         known_users: &HashSet<UserId>,
+        blockers: &HashSet<(UserId, UserId)>,
         applications: &HashSet<UserId>,
         members: &mut Roster,
     ) -> WriteOutcome {
@@ -48,7 +51,7 @@ impl BatchBuilder {
         }
         let caller = (&op.actor, &standing);
         match &op.change {
-            GroupChange::Invite(users) => self.invite(caller, users, known_users, applications, members),
+            GroupChange::Invite(users) => self.invite(caller, users, (known_users, blockers), applications, members),
             GroupChange::Join => self.self_join(&op.actor, applications, members),
             GroupChange::Approve(user) => self.decide_application(caller, user, true, applications, members),
             GroupChange::Reject(user) => self.decide_application(caller, user, false, applications, members),
@@ -249,7 +252,7 @@ mod tests {
 
     fn op(b: &mut BatchBuilder, r: &mut Roster, actor: &str, change: GroupChange) -> Result<Written, Rejection> {
         let known: HashSet<UserId> = ["o", "a", "m", "n", "x", "y"].into_iter().map(uid).collect();
-        b.group(&GroupOp { actor: uid(actor), change }, &known, &HashSet::new(), r)
+        b.group(&GroupOp { actor: uid(actor), change }, &known, &HashSet::new(), &HashSet::new(), r)
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ClientMsgId, ConvId, UserId};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
@@ -50,6 +50,12 @@ pub(super) enum LockMode {
 const LOOKUP_APPLICATIONS: &str = "
 SELECT a.conv_id, a.user_id FROM group_applications a
   JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON a.conv_id = k.conv AND a.user_id = k.u";
+
+const LOCK_INVITEES: &str = "SELECT 1 FROM users WHERE user_id = ANY($1::text[]) ORDER BY user_id FOR SHARE";
+
+const LOOKUP_BLOCKERS: &str = "
+SELECT b.blocker, b.blocked FROM blocks b
+  JOIN unnest($1::text[], $2::text[]) AS k(invitee, inviter) ON b.blocker = k.invitee AND b.blocked = k.inviter";
 
 const LOOKUP_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1::text[])";
 
@@ -107,6 +113,8 @@ pub(super) struct Reads {
     pub(super) prior: HashMap<RequestKey, Prior>,
     pub(super) standings: Standings,
     pub(super) known_users: HashSet<UserId>,
+    /// (blocker, blocked) among the invitees and their inviters.
+    pub(super) blockers: HashSet<(UserId, UserId)>,
     pub(super) applications: HashMap<ConvId, HashSet<UserId>>,
     pub(super) recall_targets: HashMap<ConvId, Targets>,
 }
@@ -134,13 +142,14 @@ where
             LockMode::SkipLocked => existing_conversations(tx, jobs).await,
         }
     };
-    let (begun, rows, existing, prior, standings, known_users, applications, recall_targets) = futures_util::join!(
+    let (begun, rows, existing, prior, standings, known_users, blockers, applications, recall_targets) = futures_util::join!(
         begin,
         lock_conversations(tx, jobs, mode),
         existing,
         lookup_request_keys(tx, jobs),
         read_standings(tx, pairs),
         lookup_joiners(tx.client, jobs),
+        lookup_blockers(tx.client, jobs),
         lookup_applications(tx.client, jobs),
         lookup_recall_targets(tx.client, jobs),
     );
@@ -153,6 +162,7 @@ where
         prior: prior?,
         standings: standings?,
         known_users: known_users?,
+        blockers: blockers?,
         applications: applications?,
         recall_targets: recall_targets?,
     })
@@ -245,6 +255,7 @@ pub(super) async fn read_standings(tx: Conn<'_>, pairs: Vec<(ConvId, UserId)>) -
             mute_until: r.get(3),
             role_until: r.get(4),
             extra_perms: r.get::<_, i32>(5).max(0) as u32,
+            blocked: r.get(6),
         };
         found.insert((conv, user), standing);
     }
@@ -304,6 +315,29 @@ async fn lookup_joiners(tx: &Client, jobs: &[BatchJob]) -> Result<HashSet<UserId
     }
     let rows = tx.query_typed(LOOKUP_USERS, &[(&joiners, Type::TEXT_ARRAY)]).await?;
     Ok(rows.iter().filter_map(|r| UserId::parse(r.get(0)).ok()).collect())
+}
+
+/// Which invitees blocked their inviter: their `users` rows share-locked
+/// first (a block locks its blocker's row, `store::blocks`), then `blocks`
+/// read by a second statement, whose snapshot starts after those locks.
+async fn lookup_blockers(tx: &Client, jobs: &[BatchJob]) -> Result<HashSet<(UserId, UserId)>, StoreError> {
+    let (mut invitees, mut inviters) = (vec![], vec![]);
+    for op in jobs.iter().flat_map(|j| &j.ops) {
+        if let WriteOp::Group(GroupOp { actor, change: GroupChange::Invite(users) }) = op {
+            invitees.extend(users.iter().map(UserId::as_str));
+            inviters.extend(users.iter().map(|_| actor.as_str()));
+        }
+    }
+    if invitees.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let lock_params: [(&(dyn ToSql + Sync), Type); 1] = [(&invitees, Type::TEXT_ARRAY)];
+    let read_params: [(&(dyn ToSql + Sync), Type); 2] = [(&invitees, Type::TEXT_ARRAY), (&inviters, Type::TEXT_ARRAY)];
+    let locked = tx.execute_typed(LOCK_INVITEES, &lock_params);
+    let read = tx.query_typed(LOOKUP_BLOCKERS, &read_params);
+    let (locked, rows) = futures_util::join!(locked, read);
+    locked?;
+    Ok(rows?.iter().filter_map(|r| Some((UserId::parse(r.get(0)).ok()?, UserId::parse(r.get(1)).ok()?))).collect())
 }
 
 /// The pending applications, per conversation, of the users whose

@@ -46,7 +46,7 @@ impl BatchBuilder {
         &mut self,
         caller: (&UserId, &Standing),
         users: &[UserId],
-        known_users: &HashSet<UserId>,
+        (known_users, blockers): (&HashSet<UserId>, &HashSet<(UserId, UserId)>),
         applications: &HashSet<UserId>,
         members: &mut Roster,
     ) -> WriteOutcome {
@@ -57,6 +57,10 @@ impl BatchBuilder {
         }
         if users.iter().any(|u| !known_users.contains(u)) {
             return Err(Rejection::NotFound("user".into()));
+        }
+        // One invitee who blocked the inviter refuses the whole request, like an unknown one.
+        if users.iter().any(|u| blockers.contains(&(u.clone(), actor.clone()))) {
+            return Err(Rejection::Blocked);
         }
         let (skipped, new): (Vec<UserId>, Vec<UserId>) = users.iter().cloned().partition(|u| members.contains_key(u));
         if may_add && i64::from(self.member_count) + new.len() as i64 > i64::from(self.max_member) {

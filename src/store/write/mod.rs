@@ -317,7 +317,7 @@ async fn apply_batches(
         let standings = read_standings(tx, unread).await?;
         settle_standings(jobs, &reads.rows, &standings);
     }
-    let Reads { rows, prior, known_users, applications, recall_targets, .. } = reads;
+    let Reads { rows, prior, known_users, blockers, applications, recall_targets, .. } = reads;
     let (no_applications, no_targets) = (HashSet::new(), HashMap::new());
 
     let mut written = Vec::with_capacity(jobs.len());
@@ -341,7 +341,7 @@ async fn apply_batches(
                 WriteOp::Send(s) => b.send(s, &prior, &cache.roster),
                 WriteOp::Join(j) => b.join(j, &known_users, &mut cache.roster),
                 WriteOp::Leave(l) => b.leave(l, &mut cache.roster),
-                WriteOp::Group(g) => b.group(g, &known_users, applications, &mut cache.roster),
+                WriteOp::Group(g) => b.group(g, &known_users, &blockers, applications, &mut cache.roster),
                 WriteOp::Recall(r) => b.recall(r, targets, &cache.roster),
             };
             outcomes.push(outcome);

@@ -48,7 +48,7 @@ SELECT k.conv, k.u, k.c, e.seq, e.message_id, e.request_hash, e.created_at, t.re
 
 /// The standings of (conversation, user) pairs, by primary key.
 const LOAD_STANDINGS: &str = "
-SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms FROM members m
+SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms, m.blocked FROM members m
   JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
 
 /// Every event of every conversation of the transaction, the bodies its
@@ -79,6 +79,7 @@ macro_rules! append_if_unchanged_sql {
             "WITH unlike AS MATERIALIZED (
   SELECT 1 FROM unnest($25::text[]) AS a(u)
    WHERE NOT coalesce((SELECT role = 'member' AND mute_until IS NULL AND role_until IS NULL AND extra_perms = 0
+                                AND NOT blocked
                          FROM members WHERE conv_id = $16 AND user_id = a.u), false)),
 conv AS (
   SELECT c.conv_id, date_trunc('milliseconds', now()) AS now

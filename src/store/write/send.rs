@@ -11,7 +11,7 @@ use super::Roster;
 use crate::domain::{EventKind, Permission, Rejection};
 
 impl BatchBuilder {
-    /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → mute → permission → append.
+    /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → blocked → mute → permission → append.
     pub(super) fn send(&mut self, op: &SendOp, prior: &HashMap<RequestKey, Prior>, members: &Roster) -> WriteOutcome {
         let key = (self.conv.clone(), op.sender.clone(), op.client_msg_id.clone());
         let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
@@ -37,6 +37,9 @@ impl BatchBuilder {
         let Some(member) = members.get(&op.sender) else {
             return Err(Rejection::NotMember);
         };
+        if member.blocked {
+            return Err(Rejection::Blocked);
+        }
         if member.muted(self.mute_all, self.now) {
             return Err(Rejection::Muted);
         }
