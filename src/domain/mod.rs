@@ -3,6 +3,7 @@
 //! a request can meet.
 
 mod body;
+mod emoji;
 mod event;
 mod group;
 mod rejection;
@@ -10,6 +11,7 @@ mod text;
 mod time;
 
 pub use body::{Body, BodyError, DEFAULT_MAX_BODY_BYTES};
+pub use emoji::{Emoji, EmojiError, MAX_EMOJI_BYTES, MAX_EMOJI_PER_MESSAGE};
 pub use event::{Event, EventKind, LeaveReason, DISMISSED_CHANGE};
 pub use group::{DeliveryMode, JoinMode, Permission, Role, Standing, ADMIN_BITS, MAX_DURATION_MS};
 pub use rejection::Rejection;

@@ -19,6 +19,8 @@ pub enum ErrorCode {
     IdempotencyMismatch,
     IdempotencyKeyExpired,
     RecallWindowExpired,
+    EditWindowExpired,
+    TooManyReactions,
     EpochChanged,
     NotFound,
     PayloadTooLarge,
@@ -40,6 +42,8 @@ impl ErrorCode {
             | ErrorCode::IdempotencyMismatch
             | ErrorCode::IdempotencyKeyExpired
             | ErrorCode::RecallWindowExpired
+            | ErrorCode::EditWindowExpired
+            | ErrorCode::TooManyReactions
             | ErrorCode::EpochChanged => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::Internal => 500,
@@ -78,6 +82,8 @@ impl From<&Rejection> for WireError {
             Rejection::IdempotencyMismatch => ErrorCode::IdempotencyMismatch,
             Rejection::IdempotencyKeyExpired => ErrorCode::IdempotencyKeyExpired,
             Rejection::RecallWindowExpired => ErrorCode::RecallWindowExpired,
+            Rejection::EditWindowExpired => ErrorCode::EditWindowExpired,
+            Rejection::TooManyReactions(_) => ErrorCode::TooManyReactions,
             Rejection::EpochChanged { .. } => ErrorCode::EpochChanged,
             Rejection::NotFound(_) => ErrorCode::NotFound,
             Rejection::AlreadyExists(_) => ErrorCode::AlreadyExists,

@@ -21,6 +21,7 @@ mod gateway_faults;
 mod gateway_races;
 mod groups;
 mod harness;
+mod history;
 mod inbox;
 mod input_forms;
 mod limits;

@@ -188,6 +188,10 @@ impl BatchBuilder {
             s.recall_window_ms = Some(ms);
             change.insert("recall_window_ms".into(), ms.into());
         }
+        if let Some(ms) = patch.edit_window_ms {
+            (self.edit_window_ms, s.edit_window_ms) = (ms, Some(ms));
+            change.insert("edit_window_ms".into(), ms.into());
+        }
         if let Some(ms) = patch.retention_ms {
             s.retention_ms = Some(ms);
             change.insert("retention_ms".into(), ms.into());
@@ -229,6 +233,7 @@ mod tests {
             delivery_mode: DeliveryMode::Push,
             now: Utc::now(),
             recall_window_ms: 120_000,
+            edit_window_ms: 86_400_000,
         };
         let mut roster = Roster::default();
         for (u, role) in [("o", Role::Owner), ("a", Role::Admin), ("m", Role::Member), ("n", Role::Member)] {

@@ -9,7 +9,7 @@ use imcore_actors::{ClientMsgId, DeviceId, UserId};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::domain::{Body, DeliveryMode, JoinMode, LeaveReason, Rejection, Role};
+use crate::domain::{Body, DeliveryMode, Emoji, JoinMode, LeaveReason, Rejection, Role};
 
 /// One write request against one conversation.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -23,6 +23,8 @@ pub enum WriteOp {
     /// in the order written there.
     Group(GroupOp),
     Recall(RecallOp),
+    Edit(EditOp),
+    React(ReactOp),
 }
 
 impl WriteOp {
@@ -31,7 +33,9 @@ impl WriteOp {
     /// op of every batch.
     pub fn users(&self) -> impl Iterator<Item = &UserId> {
         let (caller, named): (&UserId, &[UserId]) = match self {
-            WriteOp::Send(s) => (&s.sender, &[]),
+            WriteOp::Send(s) => (&s.sender, s.mentions.as_slice()),
+            WriteOp::Edit(e) => (&e.sender, &[]),
+            WriteOp::React(r) => (&r.actor, &[]),
             WriteOp::Join(j) => (&j.user, &[]),
             WriteOp::Leave(l) => (&l.user, &[]),
             WriteOp::Recall(r) => (&r.actor, &[]),
@@ -64,6 +68,54 @@ pub struct SendOp {
     pub device: DeviceId,
     pub client_msg_id: ClientMsgId,
     pub body: Body,
+    /// The seq of a `msg` the sender can see.
+    #[serde(default)]
+    pub reply_to: Option<i64>,
+    /// Distinct users, each to be a current member (at most `MAX_MENTIONS`).
+    #[serde(default)]
+    pub mentions: Vec<UserId>,
+}
+
+impl SendOp {
+    /// A send with neither a reply nor mentions: what the one-trip path takes.
+    pub fn plain(sender: UserId, device: DeviceId, client_msg_id: ClientMsgId, body: Body) -> Self {
+        Self { sender, device, client_msg_id, body, reply_to: None, mentions: Vec::new() }
+    }
+}
+
+/// `edit` of the sender's `msg` at `target_seq`: its body becomes `body`.
+/// Idempotent by `(conv, sender, client_msg_id)`, like a send.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EditOp {
+    pub sender: UserId,
+    pub device: DeviceId,
+    pub client_msg_id: ClientMsgId,
+    pub target_seq: i64,
+    pub body: Body,
+}
+
+impl EditOp {
+    /// The request's fingerprint: over the target and the body, and never
+    /// equal to a send's (which is over a body's JSON text alone), so a key
+    /// taken by one kind of request never replays as the other.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"edit\0");
+        h.update(self.target_seq.to_be_bytes());
+        h.update(self.body.fingerprint());
+        h.finalize().into()
+    }
+}
+
+/// `react`: `actor` turns `emoji` on or off on the `msg` at `target_seq`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReactOp {
+    pub actor: UserId,
+    pub device: DeviceId,
+    pub target_seq: i64,
+    pub emoji: Emoji,
+    pub on: bool,
 }
 
 /// `user` joins with `role`; `actor` is who added them (the user itself for a self-join).
@@ -157,6 +209,8 @@ pub struct ProfilePatch {
     pub mute_all: Option<bool>,
     pub delivery_mode: Option<DeliveryMode>,
     pub recall_window_ms: Option<i64>,
+    #[serde(default)]
+    pub edit_window_ms: Option<i64>,
     /// `Some(None)`: unlimited.
     pub retention_ms: Option<Option<i64>>,
 }
@@ -190,6 +244,13 @@ pub enum Written {
     },
     Invited(Invited),
     Recalled(RecallAck),
+    /// `edit`'s answer: the seq of the `edit` event, the first one's on a repeat.
+    Edited(RecallAck),
+    /// `react`'s answer: the seq of the `reaction` event, `None` when the
+    /// set already was as asked and nothing was appended.
+    Reacted {
+        seq: Option<i64>,
+    },
     /// An application filed (`join` of an approval group); no event.
     Pending,
     /// An application rejected; no event.
