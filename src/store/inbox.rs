@@ -8,8 +8,8 @@
 //! `conversations.last_event_at`), and only the rows of that page then probe
 //! `events` by its primary key: a backward scan for the last event, and a
 //! range scan of at most [`UNREAD_SCAN_ROWS`] seqs after the cursor for the
-//! unread count, stopped after [`UNREAD_CAP`] countable rows. Nothing scans a
-//! conversation's whole log.
+//! unread count, stopped after [`UNREAD_CAP`] countable rows, and one of the
+//! same range for the unread mentions. Nothing scans a conversation's whole log.
 
 use std::sync::LazyLock;
 

@@ -830,3 +830,59 @@ async fn the_checks_catch_the_naive_statements() {
     );
     assert!(pass);
 }
+
+#[actix_web::test]
+async fn retention_takes_a_messages_reactions_and_answers_its_edits_key_from_a_tombstone() {
+    let check = Check::start(
+        SUITE,
+        "14-retention",
+        "http",
+        "after the purge of a reacted and edited message: no reactions or counts of it remain; the edit's \
+         key replayed answers IDEMPOTENCY_KEY_EXPIRED, another body IDEMPOTENCY_MISMATCH; nothing appended",
+    );
+    let s = TestServer::start().await;
+    let ana = s.user("u-ana").await;
+    let conv = "g-purge";
+    let create = json!({"kind": "group", "conv_id": conv, "name": conv, "members": [], "retention_ms": 86_400_000});
+    ok_http(&s, &ana, "POST", "/v1/conversations".into(), create).await;
+    let call = |op: &'static str, body: Value| {
+        let (s, ana) = (&s, &ana);
+        async move {
+            let (method, path) = route(op, conv);
+            outcome(&s.http(method, &path, Some(ana), Some(&body)).await.1)
+        }
+    };
+    let m = call("send", json!({"client_msg_id": "m", "body": text("m")})).await["seq"].as_i64().expect("seq");
+    let edit = json!({"client_msg_id": "e", "target_seq": m, "body": text("m2")});
+    assert_eq!(call("edit", edit.clone()).await["dup"], false);
+    assert_eq!(call("react", json!({"target_seq": m, "emoji": "🙂", "on": true})).await["changed"], true);
+    let keep = call("send", json!({"client_msg_id": "k", "body": text("k")})).await["seq"].as_i64().expect("seq");
+    age(&s, conv, &(1..keep).collect::<Vec<_>>(), 2 * 86_400_000).await;
+    let conv_id = imcore_actors::ConvId::parse(conv).expect("conv id");
+    let (purged, _) = s.db.store.purge_conversation(&conv_id, 100).await.expect("purge");
+    let db = s.db.client().await;
+    let left: i64 = db
+        .query_one(
+            "SELECT (SELECT count(*) FROM reactions WHERE conv_id = $1)
+                  + (SELECT count(*) FROM reaction_counts WHERE conv_id = $1)",
+            &[&conv],
+        )
+        .await
+        .expect("reactions left")
+        .get(0);
+    let before = head(&s, conv).await;
+    let replayed = call("edit", edit).await;
+    let other = call("edit", json!({"client_msg_id": "e", "target_seq": m, "body": text("m3")})).await;
+    let unchanged = head(&s, conv).await == before;
+    let pass = purged as i64 == keep - 1
+        && left == 0
+        && replayed == json!({"error": "IDEMPOTENCY_KEY_EXPIRED"})
+        && other == json!({"error": "IDEMPOTENCY_MISMATCH"})
+        && unchanged;
+    let pass = check.resolve(
+        json!({"purged": purged, "reaction_rows_left": left, "edit_replayed": replayed, "edit_other_body": other,
+               "head_unchanged": unchanged}),
+        pass,
+    );
+    assert!(pass);
+}

@@ -5,7 +5,8 @@
 //! Round trips, each a pipeline (`txn`): BEGIN, the lock and every read the
 //! checks need (replay + tombstone lookup of every request key, the standings
 //! of the users the ops name that the cache does not know, for group ops
-//! which invitees exist and their applications, recall targets); the
+//! which invitees exist and their applications, the targets of recalls,
+//! edits, reactions and replies, the reaction sets reactions change); the
 //! membership and settings changes, if any; the one multi-row INSERT with the
 //! `next_seq` UPDATE, and COMMIT.
 //!
