@@ -168,38 +168,82 @@ impl<'a> EventColumns<'a> {
 /// counted (`$29`..`$42` of the append).
 #[derive(Default)]
 struct Shown<'a> {
-    edited: (Vec<&'a str>, Vec<i64>, Vec<&'a str>),
-    reactions: (Vec<&'a str>, Vec<i64>, Vec<&'a str>, Vec<&'a str>, Vec<bool>, Vec<i64>),
-    counts: (Vec<&'a str>, Vec<i64>, Vec<&'a str>, Vec<i32>, Vec<i64>),
+    edited_convs: Vec<&'a str>,
+    edited_seqs: Vec<i64>,
+    edited_bodies: Vec<&'a str>,
+    set: SetRows<'a>,
+    counts: CountRows<'a>,
+}
+
+/// `reactions` rows to insert (`on`) or delete.
+#[derive(Default)]
+struct SetRows<'a> {
+    convs: Vec<&'a str>,
+    targets: Vec<i64>,
+    users: Vec<&'a str>,
+    emoji: Vec<&'a str>,
+    on: Vec<bool>,
+    seqs: Vec<i64>,
+}
+
+/// `reaction_counts` changes.
+#[derive(Default)]
+struct CountRows<'a> {
+    convs: Vec<&'a str>,
+    targets: Vec<i64>,
+    emoji: Vec<&'a str>,
+    deltas: Vec<i32>,
+    first_seqs: Vec<i64>,
 }
 
 impl<'a> Shown<'a> {
     fn push(&mut self, b: &'a BatchBuilder) {
         let conv = b.conv.as_str();
         for (&seq, text) in &b.edited {
-            self.edited.0.push(conv);
-            self.edited.1.push(seq);
-            self.edited.2.push(text);
+            self.edited_convs.push(conv);
+            self.edited_seqs.push(seq);
+            self.edited_bodies.push(text);
         }
         // Only the net change of each key: one statement writes a row once.
-        for ((user, target, emoji), &(on, before, seq)) in &b.reacting.own {
-            if on != before {
-                let r = &mut self.reactions;
-                (r.0.push(conv), r.1.push(*target), r.2.push(user.as_str()), r.3.push(emoji.as_str()));
-                (r.4.push(on), r.5.push(seq));
-            }
+        let set = &mut self.set;
+        for ((user, target, emoji), &(on, _, seq)) in
+            b.reacting.own.iter().filter(|(_, (on, before, _))| on != before)
+        {
+            set.convs.push(conv);
+            set.targets.push(*target);
+            set.users.push(user.as_str());
+            set.emoji.push(emoji.as_str());
+            set.on.push(on);
+            set.seqs.push(seq);
         }
-        for ((target, emoji), &(delta, first)) in &b.reacting.counts {
-            if delta != 0 {
-                let c = &mut self.counts;
-                (c.0.push(conv), c.1.push(*target), c.2.push(emoji.as_str()), c.3.push(delta), c.4.push(first));
-            }
+        let counts = &mut self.counts;
+        for ((target, emoji), &(delta, first)) in b.reacting.counts.iter().filter(|(_, (delta, _))| *delta != 0) {
+            counts.convs.push(conv);
+            counts.targets.push(*target);
+            counts.emoji.push(emoji.as_str());
+            counts.deltas.push(delta);
+            counts.first_seqs.push(first);
         }
     }
 
     fn params(&self) -> [&(dyn ToSql + Sync); 14] {
-        let (e, r, c) = (&self.edited, &self.reactions, &self.counts);
-        [&e.0, &e.1, &e.2, &r.0, &r.1, &r.2, &r.3, &r.4, &r.5, &c.0, &c.1, &c.2, &c.3, &c.4]
+        let (r, c) = (&self.set, &self.counts);
+        [
+            &self.edited_convs,
+            &self.edited_seqs,
+            &self.edited_bodies,
+            &r.convs,
+            &r.targets,
+            &r.users,
+            &r.emoji,
+            &r.on,
+            &r.seqs,
+            &c.convs,
+            &c.targets,
+            &c.emoji,
+            &c.deltas,
+            &c.first_seqs,
+        ]
     }
 }
 
