@@ -16,7 +16,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (4, "retention", include_str!("../../schema/0004_retention.sql")),
     (5, "since", include_str!("../../schema/0005_since.sql")),
     (6, "cluster", include_str!("../../schema/0006_cluster.sql")),
-    (7, "history", include_str!("../../schema/0007_history.sql")),
+    (8, "history", include_str!("../../schema/0008_history.sql")),
 ];
 
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

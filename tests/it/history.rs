@@ -242,12 +242,28 @@ async fn run_rules(s: &TestServer, via: Via) -> Vec<(&'static str, Value, bool)>
     let e3 = call!("u-ana", "edit", {"client_msg_id": "e3", "target_seq": m3, "body": text("m3 secret")});
     let recall = call!("u-ana", "recall", {"target_seq": m3});
     let after = call!("u-ana", "edit", {"client_msg_id": "e3b", "target_seq": m3, "body": text("back")});
+    let replayed = call!("u-ana", "edit", {"client_msg_id": "e3", "target_seq": m3, "body": text("m3 secret")});
+    let guessed = call!("u-ana", "edit", {"client_msg_id": "e3", "target_seq": m3, "body": text("a guess")});
     let join_event = call!("u-ana", "edit", {"client_msg_id": "e3c", "target_seq": 1, "body": text("x")});
     let beyond = call!("u-ana", "edit", {"client_msg_id": "e3d", "target_seq": 10_000, "body": text("x")});
     let outsider = call!("u-dan", "edit", {"client_msg_id": "e3e", "target_seq": m3, "body": text("x")});
     let ev = events(s, &t["u-ben"], conv).await;
     let e3_seq = e3["seq"].as_i64().unwrap_or(0);
+    // The fingerprint of the erased edit is gone too: no guess can be checked against it.
+    let erased_hash: bool =
+        s.db.client()
+            .await
+            .query_one(
+                "SELECT request_hash = decode(repeat('00', 32), 'hex') FROM events WHERE conv_id = $1 AND seq = $2",
+                &[&conv, &e3_seq],
+            )
+            .await
+            .expect("the edit's row")
+            .get(0);
     let pass = e3["dup"] == false
+        && replayed == json!({"seq": e3_seq, "dup": true})
+        && guessed == replayed
+        && erased_hash
         && recall["dup"] == false
         && after == json!({"error": "NOT_FOUND"})
         && join_event == json!({"error": "NOT_FOUND"})
@@ -259,7 +275,8 @@ async fn run_rules(s: &TestServer, via: Via) -> Vec<(&'static str, Value, bool)>
         && erased_everywhere(s, conv).await;
     results.push((
         "14-edit-after-recall",
-        json!({"edit_before": e3, "recall": recall, "edit_after": after, "edit_of_a_join_event": join_event,
+        json!({"edit_before": e3, "recall": recall, "edit_after": after, "its_key_replayed": replayed,
+               "its_key_with_a_guessed_body": guessed, "edit_fingerprint_erased": erased_hash, "edit_of_a_join_event": join_event,
                "past_the_head": beyond, "non_member": outsider, "synced_target": ev[&m3],
                "synced_earlier_edit": ev[&e3_seq]}),
         pass,
@@ -484,7 +501,8 @@ fn expected(id: &str) -> &'static str {
         }
         "14-edit-after-recall" => {
             "edit of a recalled msg: NOT_FOUND; of a join event, past the head: NOT_FOUND; by a non-member: \
-             NOT_MEMBER; the recall erased the earlier edit's body as well as the msg's"
+             NOT_MEMBER; the recall erased the earlier edit's body and fingerprint as well as the msg's body, so \
+             that edit's key answers dup:true with its seq for the same body and for a guessed one alike"
         }
         "14-react-muted" => {
             "on: changed with the event's seq; on again: changed:false, seq:null; off; off again: unchanged; a muted \

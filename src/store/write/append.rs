@@ -6,6 +6,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::batch::BatchBuilder;
+use super::edit::ERASED_FINGERPRINT;
 use super::prepared::Conn;
 use crate::domain::{Event, EventKind};
 use crate::store::StoreError;
@@ -113,7 +114,11 @@ impl<'a> EventColumns<'a> {
                 snd = Some(sender.as_str());
                 dev = Some(sender_device.as_str());
                 key = Some(client_msg_id.as_str());
-                hash = hash_of(sender, client_msg_id);
+                // Recalled in this batch: its content goes, fingerprint included.
+                hash = match text {
+                    Some(_) => hash_of(sender, client_msg_id),
+                    None => Some(ERASED_FINGERPRINT.as_slice()),
+                };
                 body = text.as_deref();
                 target = Some(*target_seq);
             }
@@ -206,8 +211,7 @@ impl<'a> Shown<'a> {
         }
         // Only the net change of each key: one statement writes a row once.
         let set = &mut self.set;
-        for ((user, target, emoji), &(on, _, seq)) in
-            b.reacting.own.iter().filter(|(_, (on, before, _))| on != before)
+        for ((user, target, emoji), &(on, _, seq)) in b.reacting.own.iter().filter(|(_, (on, before, _))| on != before)
         {
             set.convs.push(conv);
             set.targets.push(*target);

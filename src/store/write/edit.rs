@@ -15,6 +15,11 @@ use super::ops::{EditOp, RecallAck, SendAck, WriteOutcome, Written};
 use super::Roster;
 use crate::domain::{EventKind, Rejection};
 
+/// The fingerprint a recall leaves in an `edit` of its target: with the body
+/// gone, the hash of a guessed text must not be checkable against it. No
+/// request hashes to it; a replay of the key is answered as the same request.
+pub(super) const ERASED_FINGERPRINT: [u8; 32] = [0; 32];
+
 impl BatchBuilder {
     /// Checks: replay → tombstone → dismissed → member → mute → the target is
     /// a visible, unrecalled `msg` (`NOT_FOUND`) → the caller sent it
@@ -30,14 +35,14 @@ impl BatchBuilder {
         let fingerprint = op.fingerprint();
         let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
         if let Some(earlier) = earlier {
-            return if earlier.hash == fingerprint {
+            return if earlier.hash == fingerprint || earlier.hash == ERASED_FINGERPRINT {
                 Ok(Written::Edited(RecallAck { seq: earlier.ack.seq, dup: true }))
             } else {
                 Err(Rejection::IdempotencyMismatch)
             };
         }
         if let Some(hash) = prior.get(&key).and_then(|p| p.tombstone.as_deref()) {
-            return Err(if hash == fingerprint {
+            return Err(if hash == fingerprint || hash == ERASED_FINGERPRINT {
                 Rejection::IdempotencyKeyExpired
             } else {
                 Rejection::IdempotencyMismatch

@@ -52,7 +52,8 @@ SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms F
   JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
 
 /// Every event of every conversation of the transaction, the bodies its
-/// recalls erase (of the message and of its edits), the bodies its edits set,
+/// recalls erase (of the message and of its edits, whose fingerprints go too:
+/// `edit::ERASED_FINGERPRINT`), the bodies its edits set,
 /// the reactions it sets and counts, and every conversation row, in one
 /// statement. Each row is written by one part at most (the batch nets its
 /// changes out), as one statement must.
@@ -74,7 +75,7 @@ erased AS (
     FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
    WHERE e.conv_id = r.conv AND e.seq = r.seq),
 erased_edits AS (
-  UPDATE events e SET body = NULL
+  UPDATE events e SET body = NULL, request_hash = decode(repeat('00', 32), 'hex')
     FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
    WHERE e.conv_id = r.conv AND e.kind = 'edit' AND e.target_seq = r.seq),
 edited AS (
