@@ -277,3 +277,67 @@ pub struct Invited {
 }
 
 pub type WriteOutcome = Result<Written, Rejection>;
+
+#[cfg(test)]
+mod tests {
+    use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{Event, EventKind};
+
+    /// A write forwarded to its conversation's home crosses the bus as JSON
+    /// (ARCHITECTURE §7): the v1.2 ops, answers and events come back whole.
+    #[test]
+    fn history_ops_answers_and_events_cross_the_bus_whole() {
+        let (user, device) = (UserId::parse("u-a").expect("id"), DeviceId::parse("d").expect("id"));
+        let body = Body::parse(&json!({"text": "hi"}), 1024).expect("body");
+        let ops = [
+            WriteOp::Send(SendOp {
+                reply_to: Some(3),
+                mentions: vec![UserId::parse("u-b").expect("id")],
+                ..SendOp::plain(user.clone(), device.clone(), ClientMsgId::parse("k").expect("id"), body.clone())
+            }),
+            WriteOp::Edit(EditOp {
+                sender: user.clone(),
+                device: device.clone(),
+                client_msg_id: ClientMsgId::parse("e").expect("id"),
+                target_seq: 3,
+                body,
+            }),
+            WriteOp::React(ReactOp {
+                actor: user.clone(),
+                device: device.clone(),
+                target_seq: 3,
+                emoji: Emoji::parse("👍").expect("emoji"),
+                on: true,
+            }),
+        ];
+        for op in ops {
+            let text = serde_json::to_string(&op).expect("encode");
+            let back: WriteOp = serde_json::from_str(&text).expect("decode");
+            assert_eq!(serde_json::to_string(&back).expect("encode"), text);
+        }
+        for written in [Written::Edited(RecallAck { seq: 4, dup: false }), Written::Reacted { seq: None }] {
+            let back: Written =
+                serde_json::from_str(&serde_json::to_string(&written).expect("encode")).expect("decode");
+            assert_eq!(back, written);
+        }
+        let event = Event {
+            conv_id: ConvId::parse("g").expect("id"),
+            seq: 5,
+            created_at: chrono::Utc::now(),
+            kind: EventKind::Reaction {
+                sender: user,
+                sender_device: device,
+                target_seq: 3,
+                emoji: Emoji::parse("👍").expect("emoji"),
+                on: false,
+            },
+        };
+        let back: Event = serde_json::from_str(&serde_json::to_string(&event).expect("encode")).expect("decode");
+        assert_eq!(back, event);
+        // An emoji is checked again on arrival.
+        assert!(serde_json::from_str::<Emoji>(r#""a b""#).is_err());
+    }
+}
