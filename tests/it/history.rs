@@ -904,3 +904,57 @@ async fn retention_takes_a_messages_reactions_and_answers_its_edits_key_from_a_t
     );
     assert!(pass);
 }
+
+#[actix_web::test]
+async fn edits_and_reactions_are_pushed_like_every_event() {
+    let check = Check::start(
+        SUITE,
+        "14-pushes",
+        "ws",
+        "ben's connection gets ana's reply (reply_to, mentions), her edit (target_seq, the new body) and her \
+         reaction (target_seq, emoji, on) pushed as events; an unchanged react pushes nothing",
+    );
+    let s = TestServer::start().await;
+    let ana = s.user("u-ana").await;
+    let ben = s.user("u-ben").await;
+    let conv = "g-push";
+    let create = json!({"kind": "group", "conv_id": conv, "name": conv, "members": ["u-ben"]});
+    ok_http(&s, &ana, "POST", "/v1/conversations".into(), create).await;
+    let mut b = s.ws(&ben).await;
+    let post = |op: &'static str, body: Value| {
+        let (s, ana) = (&s, &ana);
+        async move {
+            let (method, path) = route(op, conv);
+            outcome(&s.http(method, &path, Some(ana), Some(&body)).await.1)
+        }
+    };
+    let m = post("send", json!({"client_msg_id": "m", "body": text("m")})).await["seq"].as_i64().expect("seq");
+    let sent = b.push().await;
+    let reply = json!({"client_msg_id": "r", "body": text("re"), "reply_to": m, "mentions": ["u-ben"]});
+    post("send", reply).await;
+    let replied = b.push().await;
+    post("edit", json!({"client_msg_id": "e", "target_seq": m, "body": text("m, edited")})).await;
+    let edited = b.push().await;
+    post("react", json!({"target_seq": m, "emoji": "🎉", "on": true})).await;
+    let reacted = b.push().await;
+    let again = post("react", json!({"target_seq": m, "emoji": "🎉", "on": true})).await;
+    let nothing = b.push_within(std::time::Duration::from_millis(500)).await;
+    let pass = sent["event"]["seq"] == m
+        && replied["event"]["reply_to"] == m
+        && replied["event"]["mentions"] == json!(["u-ben"])
+        && edited["event"]["kind"] == "edit"
+        && edited["event"]["target_seq"] == m
+        && edited["event"]["body"] == text("m, edited")
+        && reacted["event"]["kind"] == "reaction"
+        && reacted["event"]["target_seq"] == m
+        && reacted["event"]["emoji"] == "🎉"
+        && reacted["event"]["on"] == true
+        && again == json!({"changed": false, "seq": null})
+        && nothing.is_none();
+    let pass = check.resolve(
+        json!({"reply": replied, "edit": edited, "reaction": reacted, "unchanged_react": again,
+               "pushed_after_it": nothing}),
+        pass,
+    );
+    assert!(pass);
+}
