@@ -64,6 +64,8 @@ async fn send_all(writer: &Writer, conv: &ConvId, users: &[UserId], senders: usi
                     device: device.clone(),
                     client_msg_id: key,
                     body: body.clone(),
+                    reply_to: None,
+                    mentions: Vec::new(),
                 });
                 writer.write(conv.clone(), op).await.expect("send");
             }

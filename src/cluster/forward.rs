@@ -19,7 +19,7 @@ use super::node::NodeId;
 use super::seal::{Refused, Seal};
 use crate::domain::{
     check_text, Rejection, Role, ADMIN_BITS, MAX_ALIAS_CHARS, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE,
-    MAX_INVITE_USERS,
+    MAX_INVITE_USERS, MAX_MENTIONS,
 };
 use crate::metrics::metrics;
 use crate::store::{GroupChange, ProfilePatch, WriteOp, Written};
@@ -237,14 +237,21 @@ pub(super) fn serve(
 }
 
 /// Whether `op` is one the gateway makes from a client's request, in the
-/// forms it checks: a send, a recall, a group op. Never a join or leave
+/// forms it checks: a send, an edit, a reaction, a recall, a group op. Never a join or leave
 /// "as such" (those skip every permission check: a new conversation's
 /// members, written where it is created).
 fn client_op(op: &WriteOp, max_body: usize) -> Result<(), &'static str> {
     match op {
         WriteOp::Join(_) | WriteOp::Leave(_) => Err("a join or leave without checks"),
         WriteOp::Send(send) if send.body.text().len() > max_body => Err("a body over the limit"),
+        WriteOp::Send(send) if send.mentions.len() > MAX_MENTIONS => Err("too many mentions"),
+        WriteOp::Send(send) if send.reply_to.is_some_and(|seq| seq < 1) => Err("a reply to no message"),
         WriteOp::Send(_) => Ok(()),
+        WriteOp::Edit(edit) if edit.body.text().len() > max_body => Err("a body over the limit"),
+        WriteOp::Edit(edit) if edit.target_seq < 1 => Err("an edit of no message"),
+        WriteOp::Edit(_) => Ok(()),
+        WriteOp::React(react) if react.target_seq < 1 => Err("a reaction to no message"),
+        WriteOp::React(_) => Ok(()),
         WriteOp::Recall(recall) if recall.target_seq < 1 => Err("a recall of no message"),
         WriteOp::Recall(_) => Ok(()),
         WriteOp::Group(group) => group_change(&group.change),

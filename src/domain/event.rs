@@ -5,6 +5,8 @@ use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::Emoji;
+
 /// Serde: how committed batches cross the bus between nodes (ARCHITECTURE §7).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -21,9 +23,34 @@ pub enum EventKind {
         sender: UserId,
         sender_device: DeviceId,
         client_msg_id: ClientMsgId,
-        /// Canonical JSON text; `None` once recalled.
+        /// Canonical JSON text, the latest edit's; `None` once recalled.
         body: Option<String>,
         recalled: bool,
+        /// The seq of the `msg` this one replies to.
+        reply_to: Option<i64>,
+        /// Distinct members, in the order the sender gave.
+        mentions: Vec<UserId>,
+        /// The body's `mention_all: true` (counted by `unread_mentions`).
+        mention_all: bool,
+        /// The time of the latest `edit`.
+        edited_at: Option<DateTime<Utc>>,
+    },
+    /// The sender's new body for its `msg` at `target_seq`; `None` once the
+    /// target is recalled (its content goes with it).
+    Edit {
+        sender: UserId,
+        sender_device: DeviceId,
+        client_msg_id: ClientMsgId,
+        target_seq: i64,
+        body: Option<String>,
+    },
+    /// `sender` turned `emoji` on or off on the `msg` at `target_seq`.
+    Reaction {
+        sender: UserId,
+        sender_device: DeviceId,
+        target_seq: i64,
+        emoji: Emoji,
+        on: bool,
     },
     Recall {
         sender: UserId,
@@ -89,6 +116,8 @@ impl EventKind {
             EventKind::Join { .. } => "join",
             EventKind::Leave { .. } => "leave",
             EventKind::Group { .. } => "group",
+            EventKind::Edit { .. } => "edit",
+            EventKind::Reaction { .. } => "reaction",
         }
     }
 }

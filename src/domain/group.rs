@@ -7,6 +7,8 @@ use chrono::{DateTime, Utc};
 
 /// Most users one `invite` names.
 pub const MAX_INVITE_USERS: usize = 1000;
+/// Most users one `send` mentions.
+pub const MAX_MENTIONS: usize = 50;
 /// Largest `max_member` (PROTOCOL §5 `update_group`).
 pub const MAX_GROUP_SIZE: i64 = 100_000;
 /// Longest duration setting (`recall_window_ms`, `retention_ms`): 100 years.

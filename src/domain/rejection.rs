@@ -25,6 +25,10 @@ pub enum Rejection {
     IdempotencyKeyExpired,
     #[error("the recall window has passed")]
     RecallWindowExpired,
+    #[error("the edit window has passed")]
+    EditWindowExpired,
+    #[error("the message already has {0} distinct reactions")]
+    TooManyReactions(usize),
     #[error("the conversation's epoch is now {epoch}")]
     EpochChanged { epoch: i32, min_seq: i64 },
     #[error("{0} not found")]

@@ -173,6 +173,8 @@ mod tests {
             device: DeviceId::parse("d").unwrap(),
             client_msg_id: ClientMsgId::parse(key).unwrap(),
             body: Body::parse(&json!({"type": "text", "text": "hi"}), 1024).unwrap(),
+            reply_to: None,
+            mentions: vec![],
         })
     }
 

@@ -112,6 +112,7 @@ fn profile_patch(f: &Fields<'_>) -> Result<ProfilePatch, ApiError> {
         p.delivery_mode = Some(mode.map_err(|()| ApiError::bad_request("`delivery_mode` is `push` or `pull`"))?);
     }
     p.recall_window_ms = f.int_in("recall_window_ms", 0, MAX_DURATION_MS)?;
+    p.edit_window_ms = f.int_in("edit_window_ms", 0, MAX_DURATION_MS)?;
     if f.has("retention_ms") {
         p.retention_ms = Some(f.int_in("retention_ms", 1, MAX_DURATION_MS)?);
     }
@@ -147,7 +148,8 @@ pub fn written_json(written: &Written) -> Value {
         }
         Written::Pending => json!({"pending": true}),
         Written::Rejected => json!({}),
-        Written::Recalled(ack) => json!({"seq": ack.seq, "dup": ack.dup}),
+        Written::Recalled(ack) | Written::Edited(ack) => json!({"seq": ack.seq, "dup": ack.dup}),
+        Written::Reacted { seq } => json!({"changed": seq.is_some(), "seq": seq}),
         Written::Sent(ack) => json!({ "seq": ack.seq }),
     }
 }

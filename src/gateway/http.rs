@@ -172,6 +172,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(resource("/v1/conversations/{conv_id}/events", vec![(Method::GET, op!("sync"))]))
     .service(resource("/v1/conversations/{conv_id}/read", vec![(Method::POST, op!("read"))]))
     .service(resource("/v1/conversations/{conv_id}/recall", vec![(Method::POST, op!("recall"))]))
+    .service(resource("/v1/conversations/{conv_id}/edit", vec![(Method::POST, op!("edit"))]))
+    .service(resource("/v1/conversations/{conv_id}/react", vec![(Method::POST, op!("react"))]))
     .service(resource(
         "/v1/conversations/{conv_id}/members",
         vec![(Method::POST, op!("invite")), (Method::GET, op!("members"))],

@@ -24,7 +24,8 @@ use crate::protocol::{
     conversation_json, inbox_item_json, push_member_read, push_read, push_typing, send_ack, sync_page, ErrorCode,
 };
 use crate::store::{
-    Appended, CreateConversation, GroupOp, InboxDelta, RecallOp, SendOp, SyncRequest, TokenOwner, WriteOp, Written,
+    Appended, CreateConversation, EditOp, GroupOp, InboxDelta, ReactOp, RecallOp, SendOp, SyncRequest, TokenOwner,
+    WriteOp, Written,
 };
 use crate::writer::WriteFailure;
 /// A successful answer: the PROTOCOL result object as JSON text, encoded
@@ -77,7 +78,7 @@ pub fn dispatch(
     let state = state.clone();
     let caller = caller.clone();
     match req {
-        Request::Send { conv, client_msg_id, body } => {
+        Request::Send { conv, client_msg_id, body, reply_to, mentions } => {
             let started = Instant::now();
             // Held until the write is answered (or its caller goes away).
             let Some(permit) = state.budget.try_acquire(body.text().len()) else {
@@ -89,6 +90,8 @@ pub fn dispatch(
                 device: caller.device_id.clone(),
                 client_msg_id,
                 body,
+                reply_to,
+                mentions,
             });
             let written = state.write(conv, op);
             async move {
@@ -114,6 +117,26 @@ pub fn dispatch(
         Request::Recall { conv, target_seq } => {
             let (actor, device) = (caller.user_id.clone(), caller.device_id.clone());
             let op = WriteOp::Recall(RecallOp { actor, device, target_seq });
+            queued(state.write(conv, op), running).instrument(span.clone()).boxed_local()
+        }
+        Request::Edit { conv, client_msg_id, target_seq, body } => {
+            let Some(permit) = state.budget.try_acquire(body.text().len()) else {
+                let e = ApiError::new(ErrorCode::Overloaded, "the server's memory budget is exhausted; retry later");
+                return async move { Err(e) }.boxed_local();
+            };
+            let (sender, device) = (caller.user_id.clone(), caller.device_id.clone());
+            let op = WriteOp::Edit(EditOp { sender, device, client_msg_id, target_seq, body });
+            let written = state.write(conv, op);
+            async move {
+                let _permit = permit;
+                queued(written, running).await
+            }
+            .instrument(span.clone())
+            .boxed_local()
+        }
+        Request::React { conv, target_seq, emoji, on } => {
+            let (actor, device) = (caller.user_id.clone(), caller.device_id.clone());
+            let op = WriteOp::React(ReactOp { actor, device, target_seq, emoji, on });
             queued(state.write(conv, op), running).instrument(span.clone()).boxed_local()
         }
         other => async move {
@@ -239,7 +262,11 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
         Request::Ping => Reply::ok(pong()),
         Request::WhoAmI => Reply::ok(json!({ "user_id": user.as_str(), "device_id": caller.device_id.as_str() })),
         // Queued on the writer in `dispatch`.
-        Request::Send { .. } | Request::Group { .. } | Request::Recall { .. } => Err(ApiError::internal()),
+        Request::Send { .. }
+        | Request::Group { .. }
+        | Request::Recall { .. }
+        | Request::Edit { .. }
+        | Request::React { .. } => Err(ApiError::internal()),
     }
 }
 

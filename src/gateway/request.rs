@@ -13,13 +13,17 @@ use serde_json::{Map, Value};
 use super::error::ApiError;
 use super::fields::Fields;
 use super::group;
-use crate::domain::{check_text, Body, DeliveryMode, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE};
+use crate::domain::{
+    check_text, Body, DeliveryMode, Emoji, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE,
+    MAX_MENTIONS,
+};
 use crate::store::{
     GroupChange, GroupSettings, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
 
 /// Most users named in one `presence`.
 pub const MAX_PRESENCE_USERS: usize = 100;
+
 /// Most members named in one `create_conversation`.
 pub const MAX_CREATE_MEMBERS: usize = 1000;
 /// Longest inbox cursor accepted: ours are the hex of `<µs>:<conv_id>`, at
@@ -45,6 +49,21 @@ pub enum Request {
         conv: ConvId,
         client_msg_id: ClientMsgId,
         body: Body,
+        reply_to: Option<i64>,
+        /// Distinct, at most [`MAX_MENTIONS`].
+        mentions: Vec<UserId>,
+    },
+    Edit {
+        conv: ConvId,
+        client_msg_id: ClientMsgId,
+        target_seq: i64,
+        body: Body,
+    },
+    React {
+        conv: ConvId,
+        target_seq: i64,
+        emoji: Emoji,
+        on: bool,
     },
     Sync(SyncParams),
     Read {
@@ -125,6 +144,8 @@ impl Request {
             Request::Read { .. } => "read",
             Request::Group { change, .. } => change.op(),
             Request::Recall { .. } => "recall",
+            Request::Edit { .. } => "edit",
+            Request::React { .. } => "react",
             Request::Members { .. } => "members",
             Request::Applications { .. } => "applications",
             Request::Ping => "ping",
@@ -160,6 +181,8 @@ impl Request {
             | Request::Read { conv, .. }
             | Request::Group { conv, .. }
             | Request::Recall { conv, .. }
+            | Request::Edit { conv, .. }
+            | Request::React { conv, .. }
             | Request::Members { conv, .. }
             | Request::Applications { conv, .. }
             | Request::Reads { conv, .. }
@@ -191,17 +214,25 @@ impl Request {
                     cursor: f.opt_str("cursor")?.map(checked_cursor).transpose()?,
                 },
             },
-            "send" => {
-                let conv = f.conv_id()?;
-                let client_msg_id = ClientMsgId::parse(f.str("client_msg_id")?)?;
-                let body = match fields.get("body") {
-                    None => return Err(ApiError::bad_request("missing field `body`")),
-                    // A null body is how a recalled message syncs: a message never has one.
-                    Some(Value::Null) => return Err(ApiError::bad_request("`body` may not be null")),
-                    Some(body) => Body::parse(body, max_body_bytes)?,
-                };
-                Request::Send { conv, client_msg_id, body }
-            }
+            "send" => Request::Send {
+                conv: f.conv_id()?,
+                client_msg_id: ClientMsgId::parse(f.str("client_msg_id")?)?,
+                body: parse_body(&f, max_body_bytes)?,
+                reply_to: f.int_in("reply_to", 1, i64::MAX)?,
+                mentions: parse_mentions(&f)?,
+            },
+            "edit" => Request::Edit {
+                conv: f.conv_id()?,
+                client_msg_id: ClientMsgId::parse(f.str("client_msg_id")?)?,
+                target_seq: required_seq(&f, "target_seq")?,
+                body: parse_body(&f, max_body_bytes)?,
+            },
+            "react" => Request::React {
+                conv: f.conv_id()?,
+                target_seq: required_seq(&f, "target_seq")?,
+                emoji: Emoji::parse(f.str("emoji")?).map_err(|e| ApiError::bad_request(e.to_string()))?,
+                on: f.opt_bool("on")?.ok_or_else(|| ApiError::bad_request("missing field `on`"))?,
+            },
             "sync" => {
                 let before_seq = f.int_in("before_seq", 1, i64::MAX)?;
                 let after_seq = f.int_in("after_seq", 0, i64::MAX)?;
@@ -223,12 +254,7 @@ impl Request {
             },
             "ping" => Request::Ping,
             "whoami" => Request::WhoAmI,
-            "recall" => Request::Recall {
-                conv: f.conv_id()?,
-                target_seq: f
-                    .int_in("target_seq", 1, i64::MAX)?
-                    .ok_or_else(|| ApiError::bad_request("missing field `target_seq`"))?,
-            },
+            "recall" => Request::Recall { conv: f.conv_id()?, target_seq: required_seq(&f, "target_seq")? },
             "members" => {
                 let (after, limit, q) = group::parse_members(&f)?;
                 Request::Members { conv: f.conv_id()?, after, limit, q }
@@ -297,6 +323,9 @@ fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
             if let Some(ms) = f.int_in("recall_window_ms", 0, MAX_DURATION_MS)? {
                 settings.recall_window_ms = ms;
             }
+            if let Some(ms) = f.int_in("edit_window_ms", 0, MAX_DURATION_MS)? {
+                settings.edit_window_ms = ms;
+            }
             settings.retention_ms = f.int_in("retention_ms", 1, MAX_DURATION_MS)?;
             let conv_id = f.opt_str("conv_id")?.map(ConvId::parse).transpose()?;
             Ok(NewConversation::Group { conv_id, name: name.to_owned(), members, settings })
@@ -324,6 +353,40 @@ fn parse_presence_users(f: &Fields<'_>) -> Result<Vec<UserId>, ApiError> {
         }
     }
     Ok(users)
+}
+
+/// A message body (`send`, `edit`): any JSON value but null.
+fn parse_body(f: &Fields<'_>, max_body_bytes: usize) -> Result<Body, ApiError> {
+    match f.get("body") {
+        None => Err(ApiError::bad_request("missing field `body`")),
+        // A null body is how a recalled message syncs: a message never has one.
+        Some(Value::Null) => Err(ApiError::bad_request("`body` may not be null")),
+        Some(body) => Ok(Body::parse(body, max_body_bytes)?),
+    }
+}
+
+/// A required seq of the log (≥ 1).
+fn required_seq(f: &Fields<'_>, name: &str) -> Result<i64, ApiError> {
+    f.int_in(name, 1, i64::MAX)?.ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
+}
+
+/// `mentions`: at most [`MAX_MENTIONS`] user ids; a repeat counts once.
+fn parse_mentions(f: &Fields<'_>) -> Result<Vec<UserId>, ApiError> {
+    let items = match f.get("mentions") {
+        None | Some(Value::Null) => return Ok(vec![]),
+        Some(Value::Array(items)) if items.len() <= MAX_MENTIONS => items,
+        Some(Value::Array(_)) => return Err(ApiError::bad_request(format!("at most {MAX_MENTIONS} mentions"))),
+        Some(_) => return Err(ApiError::bad_request("`mentions` must be an array of user ids")),
+    };
+    let mut mentions: Vec<UserId> = Vec::with_capacity(items.len());
+    for v in items {
+        let Value::String(s) = v else { return Err(ApiError::bad_request("`mentions` must be user ids")) };
+        let user = UserId::parse(s)?;
+        if !mentions.contains(&user) {
+            mentions.push(user);
+        }
+    }
+    Ok(mentions)
 }
 
 /// A `since` token is opaque: any string of bounded length is taken (one that

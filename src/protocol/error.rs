@@ -20,6 +20,8 @@ pub enum ErrorCode {
     IdempotencyMismatch,
     IdempotencyKeyExpired,
     RecallWindowExpired,
+    EditWindowExpired,
+    TooManyReactions,
     EpochChanged,
     NotFound,
     PayloadTooLarge,
@@ -43,6 +45,8 @@ impl ErrorCode {
             | ErrorCode::IdempotencyMismatch
             | ErrorCode::IdempotencyKeyExpired
             | ErrorCode::RecallWindowExpired
+            | ErrorCode::EditWindowExpired
+            | ErrorCode::TooManyReactions
             | ErrorCode::EpochChanged => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::RequestTimeout => 408,
@@ -83,6 +87,8 @@ impl From<&Rejection> for WireError {
             Rejection::IdempotencyMismatch => ErrorCode::IdempotencyMismatch,
             Rejection::IdempotencyKeyExpired => ErrorCode::IdempotencyKeyExpired,
             Rejection::RecallWindowExpired => ErrorCode::RecallWindowExpired,
+            Rejection::EditWindowExpired => ErrorCode::EditWindowExpired,
+            Rejection::TooManyReactions(_) => ErrorCode::TooManyReactions,
             Rejection::EpochChanged { .. } => ErrorCode::EpochChanged,
             Rejection::NotFound(_) => ErrorCode::NotFound,
             Rejection::AlreadyExists(_) => ErrorCode::AlreadyExists,

@@ -7,7 +7,9 @@ use serde_json::{json, Value};
 
 use super::WireError;
 use crate::domain::{format_time, Event, EventKind};
-use crate::store::{ConversationInfo, InboxItem, SendAck, SyncPage};
+use imcore_actors::UserId;
+
+use crate::store::{ConversationInfo, InboxItem, ReactionCount, SendAck, SyncPage};
 
 #[derive(Serialize)]
 struct Sender<'a> {
@@ -43,6 +45,21 @@ struct WireEvent<'a> {
     reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     change: Option<&'a RawValue>,
+    /// v1.2: of a `msg`, only when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply_to: Option<i64>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    mentions: &'a [UserId],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    edited_at: Option<String>,
+    /// Of a `reaction`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    emoji: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    on: Option<bool>,
+    /// Of an unrecalled `msg` in a `sync` page, when it has any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reactions: Option<&'a [ReactionCount]>,
 }
 
 fn raw(text: &str) -> Option<&RawValue> {
@@ -65,14 +82,46 @@ fn wire_event(e: &Event) -> WireEvent<'_> {
         actor: None,
         reason: None,
         change: None,
+        reply_to: None,
+        mentions: &[],
+        edited_at: None,
+        emoji: None,
+        on: None,
+        reactions: None,
     };
     match &e.kind {
-        EventKind::Msg { message_id, sender, sender_device, client_msg_id, body, recalled } => {
+        EventKind::Msg {
+            message_id,
+            sender,
+            sender_device,
+            client_msg_id,
+            body,
+            recalled,
+            reply_to,
+            mentions,
+            mention_all: _,
+            edited_at,
+        } => {
             w.message_id = Some(message_id.to_string());
             w.sender = Some(Sender { user_id: sender.as_str(), device_id: Some(sender_device.as_str()) });
             w.client_msg_id = Some(client_msg_id.as_str());
             w.body = Some(body.as_deref().and_then(raw));
             w.recalled = Some(*recalled);
+            w.reply_to = *reply_to;
+            w.mentions = mentions;
+            w.edited_at = edited_at.map(format_time);
+        }
+        EventKind::Edit { sender, sender_device, client_msg_id, target_seq, body } => {
+            w.sender = Some(Sender { user_id: sender.as_str(), device_id: Some(sender_device.as_str()) });
+            w.client_msg_id = Some(client_msg_id.as_str());
+            w.target_seq = Some(*target_seq);
+            w.body = Some(body.as_deref().and_then(raw));
+        }
+        EventKind::Reaction { sender, sender_device, target_seq, emoji, on } => {
+            w.sender = Some(Sender { user_id: sender.as_str(), device_id: Some(sender_device.as_str()) });
+            w.target_seq = Some(*target_seq);
+            w.emoji = Some(emoji.as_str());
+            w.on = Some(*on);
         }
         EventKind::Recall { sender, sender_device, target_seq } => {
             w.sender = Some(Sender { user_id: sender.as_str(), device_id: sender_device.as_ref().map(|d| d.as_str()) });
@@ -188,7 +237,11 @@ pub struct WireSyncPage<'a> {
 /// is the largest reply: no JSON tree is built for it).
 pub fn sync_page(page: &SyncPage) -> WireSyncPage<'_> {
     WireSyncPage {
-        events: page.events.iter().map(wire_event).collect(),
+        events: page
+            .events
+            .iter()
+            .map(|e| WireEvent { reactions: page.reactions.get(&e.seq).map(Vec::as_slice), ..wire_event(e) })
+            .collect(),
         head: page.head,
         min_seq: page.min_seq,
         epoch: page.epoch,
@@ -235,6 +288,7 @@ pub fn conversation_json(c: &ConversationInfo) -> Value {
         "epoch": c.epoch,
         "recall_window_ms": c.recall_window_ms,
         "retention_ms": c.retention_ms,
+        "edit_window_ms": c.edit_window_ms,
         "created_at": format_time(c.created_at),
     })
 }
@@ -246,6 +300,7 @@ pub fn inbox_item_json(item: &InboxItem) -> Value {
     if let Value::Object(m) = &mut c {
         m.insert("read_seq".into(), item.read_seq.into());
         m.insert("unread".into(), item.unread.into());
+        m.insert("unread_mentions".into(), item.unread_mentions.into());
         m.insert("last_event".into(), item.last_event.as_ref().map_or(Value::Null, event_json));
     }
     c

@@ -48,6 +48,7 @@ pub struct GroupSettings {
     pub max_member: i32,
     pub recall_window_ms: i64,
     pub retention_ms: Option<i64>,
+    pub edit_window_ms: i64,
 }
 
 impl Default for GroupSettings {
@@ -59,9 +60,13 @@ impl Default for GroupSettings {
             max_member: 500,
             recall_window_ms: 120_000,
             retention_ms: None,
+            edit_window_ms: DEFAULT_EDIT_WINDOW_MS,
         }
     }
 }
+
+/// PROTOCOL v1.2: a message may be edited for a day after it was sent.
+pub const DEFAULT_EDIT_WINDOW_MS: i64 = 86_400_000;
 
 /// PROTOCOL §5 conversation object.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +87,7 @@ pub struct ConversationInfo {
     pub recall_window_ms: i64,
     pub retention_ms: Option<i64>,
     pub created_at: DateTime<Utc>,
+    pub edit_window_ms: i64,
 }
 
 #[derive(Debug)]
@@ -114,7 +120,10 @@ pub fn direct_conv_id(a: &UserId, b: &UserId) -> Result<ConvId, StoreError> {
 pub(super) const CONVERSATION_COLUMNS: &str =
     "c.conv_id, c.kind, c.name, c.owner, c.delivery_mode, c.join_mode, c.max_member,
     c.member_count, c.mute_all, c.status = 'dismissed', c.next_seq - 1, c.min_seq, c.epoch, c.recall_window_ms,
-    c.retention_ms, c.created_at";
+    c.retention_ms, c.created_at, c.edit_window_ms";
+
+/// Columns of [`CONVERSATION_COLUMNS`].
+pub(super) const CONVERSATION_COLUMN_COUNT: usize = 17;
 
 pub(super) fn conversation_from_row(r: &Row) -> Result<ConversationInfo, StoreError> {
     conversation_from_row_at(r, 0)
@@ -144,6 +153,7 @@ pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> Result<Conversatio
         recall_window_ms: r.get(at + 13),
         retention_ms: r.get(at + 14),
         created_at: r.get(at + 15),
+        edit_window_ms: r.get(at + 16),
     })
 }
 
@@ -212,8 +222,8 @@ impl Store {
         let inserted = tx
             .execute_typed(
                 "INSERT INTO conversations (conv_id, kind, name, owner, delivery_mode, join_mode, max_member,
-                                            recall_window_ms, retention_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (conv_id) DO NOTHING",
+                                            recall_window_ms, retention_ms, edit_window_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (conv_id) DO NOTHING",
                 &[
                     (&conv_id.as_str(), Type::TEXT),
                     (&kind, Type::TEXT),
@@ -224,6 +234,7 @@ impl Store {
                     (&settings.max_member, Type::INT4),
                     (&settings.recall_window_ms, Type::INT8),
                     (&settings.retention_ms, Type::INT8),
+                    (&settings.edit_window_ms, Type::INT8),
                 ],
             )
             .await;
@@ -332,6 +343,7 @@ async fn read_conversation(
         info.delivery_mode = decoded(v.delivery_mode.parse(), "left_view.delivery_mode")?;
         (info.max_member, info.member_count, info.mute_all) = (v.max_member, v.member_count, v.mute_all);
         (info.recall_window_ms, info.retention_ms) = (v.recall_window_ms, v.retention_ms);
+        info.edit_window_ms = v.edit_window_ms.unwrap_or(info.edit_window_ms);
         // Active when it left: a dismissal since is news from after.
         info.dismissed = false;
     }
@@ -350,4 +362,6 @@ struct LeftView {
     delivery_mode: String,
     recall_window_ms: i64,
     retention_ms: Option<i64>,
+    /// Absent in views recorded before edits existed.
+    edit_window_ms: Option<i64>,
 }

@@ -8,8 +8,8 @@
 //! `conversations.last_event_at`), and only the rows of that page then probe
 //! `events` by its primary key: a backward scan for the last event, and a
 //! range scan of at most [`UNREAD_SCAN_ROWS`] seqs after the cursor for the
-//! unread count, stopped after [`UNREAD_CAP`] countable rows. Nothing scans a
-//! conversation's whole log.
+//! unread count, stopped after [`UNREAD_CAP`] countable rows, and one of the
+//! same range for the unread mentions. Nothing scans a conversation's whole log.
 
 use std::sync::LazyLock;
 
@@ -18,9 +18,9 @@ use imcore_actors::{ConvId, UserId};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
-use super::conversations::{conversation_from_row_at, CONVERSATION_COLUMNS};
+use super::conversations::{conversation_from_row_at, CONVERSATION_COLUMNS, CONVERSATION_COLUMN_COUNT};
 use super::since_token::since_token;
-use super::sync::event_from_row;
+use super::sync::{event_from_row, EVENT_COLUMN_COUNT};
 use super::{ConversationInfo, Store, StoreError};
 use crate::domain::{Event, Rejection};
 
@@ -28,6 +28,8 @@ pub const INBOX_DEFAULT_LIMIT: i64 = 50;
 pub const INBOX_MAX_LIMIT: i64 = 200;
 /// Unread counts are exact below this; this value itself means "999+".
 pub const UNREAD_CAP: i64 = 1000;
+/// Unread mention counts are exact below this; this value itself means "99+".
+pub const UNREAD_MENTIONS_CAP: i64 = 100;
 /// The most seqs after the read cursor the unread count looks at (see
 /// [`InboxItem::unread`]).
 pub const UNREAD_SCAN_ROWS: i64 = 2 * UNREAD_CAP;
@@ -54,6 +56,9 @@ pub struct InboxItem {
     /// lower bound otherwise (say, after thousands of the user's own sends).
     /// Counting further would scan the log of a user who sends and never reads.
     pub unread: i64,
+    /// Of the messages `unread` counts (in the same seqs), those that mention
+    /// the user or everyone (`mention_all`), at most [`UNREAD_MENTIONS_CAP`] ("99+").
+    pub unread_mentions: i64,
     /// The newest event the user can see (`None` only when retention purged
     /// everything of its current period).
     pub last_event: Option<Event>,
@@ -80,8 +85,8 @@ pub static INBOX_PAGE: LazyLock<String> = LazyLock::new(|| {
 
 /// The inbox items of the conversations `page` selects (`conv_id`,
 /// `from_seq` of the user's open period; `$1` is the user). Columns: the
-/// event columns of `sync` (0–13, NULL when there is no visible event), the
-/// conversation (14–29), read_seq, unread, last_event_at.
+/// event columns of `sync` (0–19, NULL when there is no visible event), the
+/// conversation (20–36), read_seq, unread, last_event_at, unread_mentions.
 ///
 /// The unread count reads a seq range of at most [`UNREAD_SCAN_ROWS`] after
 /// the cursor, or after `min_seq` where retention purged past the cursor
@@ -98,14 +103,16 @@ pub(super) fn inbox_items_sql(page: &str) -> String {
 WITH page AS ({page})
 SELECT le.seq, le.kind, le.created_at, le.message_id, le.sender_user, le.sender_device, le.client_msg_id,
        le.body, le.subject_user, le.actor, le.reason, le.target_seq, le.change, le.recalled,
+       le.reply_to, le.mentions, le.mention_all, le.edited_at, le.emoji, le.reaction_on,
        {CONVERSATION_COLUMNS},
-       coalesce(rc.read_seq, 0), u.unread, c.last_event_at
+       coalesce(rc.read_seq, 0), u.unread, c.last_event_at, um.unread_mentions
   FROM page
   JOIN conversations c ON c.conv_id = page.conv_id
   LEFT JOIN read_cursors rc ON rc.user_id = $1 AND rc.conv_id = page.conv_id
   LEFT JOIN LATERAL (
     SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device, e.client_msg_id,
-           e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled
+           e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled,
+           e.reply_to, e.mentions, e.mention_all, e.edited_at, e.emoji, e.reaction_on
       FROM events e
      WHERE e.conv_id = page.conv_id AND e.seq >= page.from_seq
      ORDER BY e.seq DESC LIMIT 1) le ON true
@@ -117,12 +124,23 @@ SELECT le.seq, le.kind, le.created_at, le.message_id, le.sender_user, le.sender_
          AND e.seq <= greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1) + {UNREAD_SCAN_ROWS}
          AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1
        LIMIT {UNREAD_CAP}) x) u
+  CROSS JOIN LATERAL (
+    SELECT count(*) AS unread_mentions FROM (
+      SELECT 1 FROM events e
+       WHERE e.conv_id = page.conv_id
+         AND e.seq > greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1)
+         AND e.seq <= greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1) + {UNREAD_SCAN_ROWS}
+         AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1
+         AND (e.mention_all OR $1 = ANY(e.mentions))
+       LIMIT {UNREAD_MENTIONS_CAP}) x) um
  ORDER BY c.last_event_at DESC, c.conv_id"
     )
 }
 
 /// Column of the conversation in [`INBOX_PAGE`]; the event columns come first.
-const CONV_AT: usize = 14;
+const CONV_AT: usize = EVENT_COLUMN_COUNT;
+/// Column of `read_seq`, after the conversation's.
+const CURSOR_AT: usize = CONV_AT + CONVERSATION_COLUMN_COUNT;
 
 impl Store {
     /// One page of `user`'s inbox. `limit` is clamped to 1..=[`INBOX_MAX_LIMIT`]
@@ -171,8 +189,14 @@ pub(super) fn inbox_item(r: &Row) -> Result<(InboxItem, DateTime<Utc>), StoreErr
         Some(_) => Some(event_from_row(&conversation.conv_id, r)?),
         None => None,
     };
-    let item = InboxItem { read_seq: r.get(CONV_AT + 16), unread: r.get(CONV_AT + 17), last_event, conversation };
-    Ok((item, r.get(CONV_AT + 18)))
+    let item = InboxItem {
+        read_seq: r.get(CURSOR_AT),
+        unread: r.get(CURSOR_AT + 1),
+        unread_mentions: r.get(CURSOR_AT + 3),
+        last_event,
+        conversation,
+    };
+    Ok((item, r.get(CURSOR_AT + 2)))
 }
 
 /// Opaque to clients: hex of `<last_event_at in µs since the epoch>:<conv_id>`

@@ -45,10 +45,10 @@ pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use presence::Membership;
 pub use read::{MarkedRead, MemberRead, ReadsPage};
 pub use retention::PurgeReport;
-pub use sync::{SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
+pub use sync::{ReactionCount, SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
-    Appended, BatchJob, ConvCache, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, RecallAck, RecallOp,
-    Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
+    Appended, BatchJob, ConvCache, EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, ReactOp,
+    RecallAck, RecallOp, Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
 };
 
 pub use connection::PooledClient;

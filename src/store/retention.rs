@@ -54,11 +54,14 @@ SELECT c.min_seq,
                           least(c.min_seq + $2, c.next_seq)) END
   FROM c";
 
-/// Deletes `[$2, $3)`, writes the tombstones of its sends, moves `min_seq` to `$3`.
+/// Deletes `[$2, $3)` and the reactions on its messages, writes the
+/// tombstones of its sends and edits, moves `min_seq` to `$3`.
 const PURGE_CHUNK: &str = "
 WITH gone AS (
   DELETE FROM events WHERE conv_id = $1 AND seq >= $2 AND seq < $3
   RETURNING sender_user, client_msg_id, request_hash, seq),
+unreacted AS (DELETE FROM reactions WHERE conv_id = $1 AND target_seq >= $2 AND target_seq < $3),
+uncounted AS (DELETE FROM reaction_counts WHERE conv_id = $1 AND target_seq >= $2 AND target_seq < $3),
 buried AS (
   INSERT INTO idem_tombstones (conv_id, sender_user, client_msg_id, request_hash, seq)
   SELECT $1, sender_user, client_msg_id, request_hash, seq FROM gone WHERE client_msg_id IS NOT NULL

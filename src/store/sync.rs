@@ -4,6 +4,8 @@
 //! A page is bounded by `limit` and by a budget of body bytes; the pooled
 //! connection is returned before the rows are decoded.
 
+use std::collections::HashMap;
+
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
@@ -11,7 +13,7 @@ use tokio_postgres::Row;
 use super::error::decoded;
 use super::{Store, StoreError};
 use crate::config::SYNC_DEFAULT_MAX_BYTES;
-use crate::domain::{Event, EventKind, LeaveReason, Rejection};
+use crate::domain::{Emoji, Event, EventKind, LeaveReason, Rejection};
 
 pub const SYNC_DEFAULT_LIMIT: i64 = 100;
 pub const SYNC_MAX_LIMIT: i64 = 1000;
@@ -63,6 +65,17 @@ pub struct SyncPage {
     pub has_more: bool,
     /// `after_seq` was below the retained log; the page starts at `min_seq`.
     pub truncated: bool,
+    /// The reactions of the page's unrecalled messages that have any, by seq.
+    pub reactions: HashMap<i64, Vec<ReactionCount>>,
+}
+
+/// One emoji on a message: how many users have it on, and whether the
+/// caller is one of them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReactionCount {
+    pub emoji: String,
+    pub count: i64,
+    pub me: bool,
 }
 
 /// A former member's head is where its last period ended: later activity is
@@ -74,13 +87,29 @@ SELECT least(c.next_seq - 1, p.to_seq), c.min_seq, c.epoch
                       WHERE p.conv_id = c.conv_id AND p.user_id = $2 ORDER BY from_seq DESC LIMIT 1) p
  WHERE c.conv_id = $1";
 
+/// The reactions of an unrecalled `msg` `e` as a JSON array (NULL when none):
+/// one `{"emoji", "count", "me"}` per emoji on it, in the order they were first
+/// added; `me` for the caller, `$2`. Read from `reaction_counts` and probed in
+/// `reactions` by key: no event is summed.
+macro_rules! reactions_sql {
+    () => {
+        "CASE WHEN e.kind = 'msg' AND NOT e.recalled THEN (
+           SELECT json_agg(json_build_object('emoji', rc.emoji, 'count', rc.count, 'me', EXISTS (
+                    SELECT 1 FROM reactions r WHERE r.conv_id = rc.conv_id AND r.target_seq = rc.target_seq
+                       AND r.user_id = $2 AND r.emoji = rc.emoji)) ORDER BY rc.first_seq, rc.emoji)::text
+             FROM reaction_counts rc WHERE rc.conv_id = e.conv_id AND rc.target_seq = e.seq AND rc.count > 0)
+         END"
+    };
+}
+
 /// Forward page: $3 after, $4 head (the snapshot bound), $5 limit. The log
 /// is gapless from `min_seq` (P1) and `$3 >= min_seq - 1`, so a period holds
 /// exactly `least(to_seq, head) - greatest(after, from_seq - 1)` events of
 /// the page's range: each period reads only what the periods before it left
 /// of the page (`before`), and those past a full page are not read at all,
 /// however many periods the user had (ARCHITECTURE §4).
-pub const SYNC_FORWARD: &str = "
+pub const SYNC_FORWARD: &str = concat!(
+    "
 SELECT e.* FROM (
   SELECT * FROM (
     SELECT p.conv_id, p.from_seq, p.to_seq,
@@ -91,24 +120,33 @@ SELECT e.* FROM (
    WHERE w.before < $5) p
  CROSS JOIN LATERAL (
    SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device,
-          e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled
+          e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled,
+          e.reply_to, e.mentions, e.mention_all, e.edited_at, e.emoji, e.reaction_on, ",
+    reactions_sql!(),
+    "
      FROM events e
     WHERE e.conv_id = p.conv_id AND e.seq > greatest($3, p.from_seq - 1) AND e.seq <= least(p.to_seq, $4)
     ORDER BY e.seq LIMIT $5 - p.before) e
- ORDER BY e.seq LIMIT $5";
+ ORDER BY e.seq LIMIT $5"
+);
 
 /// Backward page: $3 before, $4 head, $5 limit, $6 min_seq.
-const SYNC_BACKWARD: &str = "
+const SYNC_BACKWARD: &str = concat!(
+    "
 SELECT e.* FROM membership_periods p
  CROSS JOIN LATERAL (
    SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device,
-          e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled
+          e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled,
+          e.reply_to, e.mentions, e.mention_all, e.edited_at, e.emoji, e.reaction_on, ",
+    reactions_sql!(),
+    "
      FROM events e
     WHERE e.conv_id = p.conv_id AND e.seq >= greatest(p.from_seq, $6) AND e.seq <= least(p.to_seq, $4)
       AND e.seq < $3
     ORDER BY e.seq DESC LIMIT $5) e
  WHERE p.conv_id = $1 AND p.user_id = $2 AND p.from_seq < $3
- ORDER BY e.seq DESC LIMIT $5";
+ ORDER BY e.seq DESC LIMIT $5"
+);
 
 impl Store {
     pub async fn sync(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
@@ -135,6 +173,7 @@ impl Store {
             next_before: None,
             has_more: false,
             truncated: false,
+            reactions: HashMap::new(),
         };
         // A page forward from `after_seq` or backward below `before_seq`: the
         // same parameters, and backward also takes `$6`, min_seq.
@@ -159,6 +198,12 @@ impl Store {
         // Backward rows come newest first, so the budget keeps the events
         // nearest `before_seq`.
         let (events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes)?;
+        for r in rows.iter().take(events.len()) {
+            if let Some(json) = r.get::<_, Option<&str>>(REACTIONS_AT) {
+                let counts = serde_json::from_str(json).map_err(|_| StoreError::Undecodable("reactions"))?;
+                page.reactions.insert(r.get(0), counts);
+            }
+        }
         page.has_more = cut || rows.len() as i64 > limit;
         page.events = events;
         if req.before_seq.is_some() {
@@ -200,25 +245,55 @@ fn within_budget<'a>(
 /// The bytes an event carries beyond its fixed fields.
 fn body_bytes(event: &Event) -> usize {
     match &event.kind {
-        EventKind::Msg { body, .. } => body.as_ref().map_or(0, String::len),
+        EventKind::Msg { body, .. } | EventKind::Edit { body, .. } => body.as_ref().map_or(0, String::len),
         EventKind::Group { change, .. } => change.len(),
-        EventKind::Recall { .. } | EventKind::Join { .. } | EventKind::Leave { .. } => 0,
+        EventKind::Recall { .. } | EventKind::Join { .. } | EventKind::Leave { .. } | EventKind::Reaction { .. } => 0,
     }
 }
+
+/// The column of a sync row with the message's reactions, after the event's.
+const REACTIONS_AT: usize = EVENT_COLUMN_COUNT;
+
+/// Columns of an event row (0–19): those of the core log, then of v1.2.
+pub(super) const EVENT_COLUMN_COUNT: usize = 20;
 
 /// Decodes a row of the event columns selected by the sync queries; a row
 /// the schema's constraints make impossible fails the read (ARCHITECTURE §2).
 pub(super) fn event_from_row(conv: &ConvId, r: &Row) -> Result<Event, StoreError> {
     let user = |i: usize| decoded(UserId::parse(r.get::<_, Option<&str>>(i).unwrap_or_default()), "event user_id");
+    let device = || decoded(DeviceId::parse(r.get(5)), "event device_id");
     let seq: i64 = r.get(0);
     let kind = match r.get::<_, &str>(1) {
         "msg" => EventKind::Msg {
             message_id: r.get(3),
             sender: user(4)?,
-            sender_device: decoded(DeviceId::parse(r.get(5)), "event device_id")?,
+            sender_device: device()?,
             client_msg_id: decoded(ClientMsgId::parse(r.get(6)), "client_msg_id")?,
             body: r.get(7),
             recalled: r.get(13),
+            reply_to: r.get(14),
+            mentions: r
+                .get::<_, Option<Vec<&str>>>(15)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|u| decoded(UserId::parse(u), "mentioned user_id"))
+                .collect::<Result<_, _>>()?,
+            mention_all: r.get::<_, Option<bool>>(16).unwrap_or(false),
+            edited_at: r.get(17),
+        },
+        "edit" => EventKind::Edit {
+            sender: user(4)?,
+            sender_device: device()?,
+            client_msg_id: decoded(ClientMsgId::parse(r.get(6)), "client_msg_id")?,
+            target_seq: r.get(11),
+            body: r.get(7),
+        },
+        "reaction" => EventKind::Reaction {
+            sender: user(4)?,
+            sender_device: device()?,
+            target_seq: r.get(11),
+            emoji: decoded(Emoji::parse(r.get::<_, Option<&str>>(18).unwrap_or_default()), "emoji")?,
+            on: r.get::<_, Option<bool>>(19).ok_or(StoreError::Undecodable("reaction_on"))?,
         },
         "recall" => EventKind::Recall {
             sender: user(4)?,

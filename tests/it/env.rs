@@ -72,6 +72,8 @@ pub fn send_op(user: &str, key: &str, body: Body) -> WriteOp {
         device: DeviceId::parse("d1").expect("device"),
         client_msg_id: ClientMsgId::parse(key).expect("key"),
         body,
+        reply_to: None,
+        mentions: Vec::new(),
     })
 }
 

@@ -449,7 +449,7 @@ async fn the_inbox_probes_events_by_primary_key_per_listed_conversation() {
         "09-inbox-plan",
         VARIANT,
         "EXPLAIN ANALYZE of the inbox query for a user in 301 of 20,301 conversations over 800,000 events (one with a 200,000 \
-         unread backlog): no Seq Scan on events, members or membership_periods; the last-event and unread LATERALs \
+         unread backlog): no Seq Scan on events, members or membership_periods; the last-event, unread and unread-mentions LATERALs \
          probe events_pkey (an ordered or a bitmap range scan, as the planner picks) once per page row (51 = limit + 1); first c-big (read_seq 0, \
          unread 1000), then c-300 (read_seq 1700, unread 150)",
     );
@@ -522,7 +522,7 @@ async fn the_inbox_probes_events_by_primary_key_per_listed_conversation() {
                 .any(|s| l.contains(s))
         })
         .collect();
-    // Both LATERALs run once per row of the page, on events_pkey.
+    // The three LATERALs (last event, unread, unread mentions) run once per row of the page, on events_pkey.
     let pk_probes_per_page_row =
         text.lines().filter(|l| l.contains("events_pkey") && l.contains(&format!("loops={fetch}"))).count();
     let started = std::time::Instant::now();
@@ -534,7 +534,7 @@ async fn the_inbox_probes_events_by_primary_key_per_listed_conversation() {
         page.items.iter().take(2).map(|i| (i.conversation.conv_id.to_string(), i.read_seq, i.unread)).collect();
     let pass = total == CONVS * PER_CONV + BIG
         && full_scans.is_empty()
-        && pk_probes_per_page_row == 2
+        && pk_probes_per_page_row == 3
         && page.items.len() == 50
         && first == [("c-big".to_string(), 0, UNREAD_CAP), ("c-300".to_string(), 1700, 150)]
         && page.next_cursor.is_some();

@@ -24,6 +24,7 @@ mod gateway_faults;
 mod gateway_races;
 mod groups;
 mod harness;
+mod history;
 mod inbox;
 mod input_forms;
 mod leaks;

@@ -234,6 +234,8 @@ async fn drive(writer: &Writer, load: &Load<'_>) -> (Vec<Ack>, u64, Duration) {
                     device: device.clone(),
                     client_msg_id: ClientMsgId::parse(&key).unwrap_or_else(|_| unreachable!("valid")),
                     body: body(n),
+                    reply_to: None,
+                    mentions: Vec::new(),
                 });
                 let t = Instant::now();
                 let write = writer.write(convs[ci].clone(), op);

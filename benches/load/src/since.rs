@@ -75,6 +75,8 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
                 device: DeviceId::parse("d0")?,
                 client_msg_id: ClientMsgId::parse(&format!("c{i}"))?,
                 body: body(i as u64),
+                reply_to: None,
+                mentions: Vec::new(),
             };
             store.write_batch(conv, ConvCache::default(), vec![WriteOp::Send(op)]).await?;
         } else {

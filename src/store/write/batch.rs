@@ -2,14 +2,15 @@
 //! its locked row, each appending its event at the next seq. Pure: what it
 //! reads was looked up before, what it changes is written after.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ConvId, UserId};
 use serde_json::json;
 
-use super::lookup::{ConvRow, RequestKey, SendAckWithHash};
+use super::lookup::{ConvRow, RequestKey, SendAckWithHash, Target, Targets};
 use super::ops::ProfilePatch;
+use super::react::Reacting;
 use crate::domain::{DeliveryMode, Event, EventKind, JoinMode, Role, Standing};
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.
@@ -35,6 +36,10 @@ pub(super) struct BatchBuilder {
     pub(super) recalled: HashMap<i64, i64>,
     /// Targets from before this batch whose body the batch erases.
     pub(super) erased: Vec<i64>,
+    /// Targets from before this batch that the batch edits → their latest body.
+    pub(super) edited: BTreeMap<i64, String>,
+    /// The reactions this batch changed (`react`).
+    pub(super) reacting: Reacting,
     pub(super) now: DateTime<Utc>,
     pub(super) conv: ConvId,
     pub(super) group: bool,
@@ -48,6 +53,7 @@ pub(super) struct BatchBuilder {
     pub(super) retention_ms: Option<i64>,
     pub(super) name: Option<String>,
     pub(super) owner: Option<UserId>,
+    pub(super) edit_window_ms: i64,
 }
 
 /// A change to the membership rows, written in order after the checks.
@@ -115,6 +121,8 @@ impl BatchBuilder {
             opened: HashMap::new(),
             recalled: HashMap::new(),
             erased: Vec::new(),
+            edited: BTreeMap::new(),
+            reacting: Reacting::default(),
             now: row.now,
             conv: conv.clone(),
             group: row.group,
@@ -127,6 +135,7 @@ impl BatchBuilder {
             retention_ms: row.retention_ms,
             name: row.name.clone(),
             owner: row.owner.clone(),
+            edit_window_ms: row.edit_window_ms,
         }
     }
 
@@ -138,14 +147,21 @@ impl BatchBuilder {
     }
 
     /// The message at `target` is recalled by the event at `seq`: its body
-    /// goes, in the database and in this batch's events alike.
+    /// goes, and the bodies of its edits, in the database and in this batch's
+    /// events alike.
     pub(super) fn erase(&mut self, target: i64, seq: i64) {
         self.recalled.insert(target, seq);
         if target < self.first_seq {
             self.erased.push(target);
-        } else if let Some(e) = self.events.get_mut((target - self.first_seq) as usize) {
-            if let EventKind::Msg { body, recalled, .. } = &mut e.kind {
-                (*body, *recalled) = (None, true);
+            // The append's erasure is the row's last word (one statement
+            // must not update a row twice).
+            self.edited.remove(&target);
+        }
+        for e in &mut self.events {
+            match &mut e.kind {
+                EventKind::Msg { body, recalled, .. } if e.seq == target => (*body, *recalled) = (None, true),
+                EventKind::Edit { target_seq, body, .. } if *target_seq == target => *body = None,
+                _ => {}
             }
         }
     }
@@ -163,8 +179,41 @@ impl BatchBuilder {
             "delivery_mode": self.delivery_mode.as_str(),
             "recall_window_ms": self.recall_window_ms,
             "retention_ms": self.retention_ms,
+            "edit_window_ms": self.edit_window_ms,
         })
         .to_string()
+    }
+
+    /// The message at `target` now shows `text` (an `edit` at `self.now`).
+    pub(super) fn set_body(&mut self, target: i64, text: &str) {
+        if target < self.first_seq {
+            self.edited.insert(target, text.to_owned());
+        } else if let Some(e) = self.events.get_mut((target - self.first_seq) as usize) {
+            if let EventKind::Msg { body, edited_at, .. } = &mut e.kind {
+                (*body, *edited_at) = (Some(text.to_owned()), Some(self.now));
+            }
+        }
+    }
+
+    /// The `msg` at `seq` as `user` sees it: appended earlier in this batch,
+    /// or as the lookup found it; `None` when it is not a `msg` inside one of
+    /// the user's periods.
+    pub(super) fn message(&self, user: &UserId, seq: i64, targets: &Targets) -> Option<Target> {
+        let recalled_here = self.recalled.get(&seq).copied();
+        if seq >= self.first_seq {
+            let e = self.events.get((seq - self.first_seq) as usize)?;
+            let EventKind::Msg { sender, .. } = &e.kind else { return None };
+            // A member who joined after the message (in this batch) never saw it.
+            let visible = !self.opened.get(user).is_some_and(|&from| from > e.seq);
+            return visible.then(|| Target {
+                sender: sender.clone(),
+                created_at: e.created_at,
+                recalled_by: recalled_here,
+                visible,
+            });
+        }
+        let found = targets.get(&(user.clone(), seq)).filter(|t| t.visible)?;
+        Some(Target { recalled_by: found.recalled_by.or(recalled_here), ..found.clone() })
     }
 
     pub(super) fn version_bump(&self) -> i64 {

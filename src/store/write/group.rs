@@ -198,6 +198,10 @@ impl BatchBuilder {
             (self.recall_window_ms, s.recall_window_ms) = (ms, Some(ms));
             change.insert("recall_window_ms".into(), ms.into());
         }
+        if let Some(ms) = patch.edit_window_ms {
+            (self.edit_window_ms, s.edit_window_ms) = (ms, Some(ms));
+            change.insert("edit_window_ms".into(), ms.into());
+        }
         if let Some(ms) = patch.retention_ms {
             (self.retention_ms, s.retention_ms) = (ms, Some(ms));
             change.insert("retention_ms".into(), ms.into());
@@ -242,6 +246,7 @@ mod tests {
             retention_ms: None,
             name: None,
             owner: None,
+            edit_window_ms: 86_400_000,
         };
         let mut roster = Roster::default();
         for (u, role) in [("o", Role::Owner), ("a", Role::Admin), ("m", Role::Member), ("n", Role::Member)] {

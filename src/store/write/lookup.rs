@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
 use super::prepared::Conn;
 use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
-use crate::domain::{DeliveryMode, JoinMode, Role, Standing};
+use crate::domain::{DeliveryMode, Emoji, JoinMode, Role, Standing};
 use crate::store::error::decoded;
 use crate::store::StoreError;
 
@@ -34,6 +34,7 @@ pub(super) struct ConvRow {
     pub(super) retention_ms: Option<i64>,
     pub(super) name: Option<String>,
     pub(super) owner: Option<UserId>,
+    pub(super) edit_window_ms: i64,
 }
 
 /// How a write transaction takes its conversation rows.
@@ -88,6 +89,7 @@ async fn lock_conversations(
                 retention_ms: r.get(12),
                 name: r.get(13),
                 owner: decoded(r.get::<_, Option<&str>>(14).map(UserId::parse).transpose(), "conversations.owner")?,
+                edit_window_ms: r.get(15),
             };
             Ok((conv, row))
         })
@@ -116,7 +118,8 @@ pub(super) struct Reads {
     /// (blocker, blocked) among the invitees and their inviters.
     pub(super) blockers: HashSet<(UserId, UserId)>,
     pub(super) applications: HashMap<ConvId, HashSet<UserId>>,
-    pub(super) recall_targets: HashMap<ConvId, Targets>,
+    pub(super) targets: HashMap<ConvId, Targets>,
+    pub(super) reactions: HashMap<ConvId, ReactionState>,
 }
 
 /// `begin`, the lock statement and every read under it in one round trip:
@@ -142,7 +145,7 @@ where
             LockMode::SkipLocked => existing_conversations(tx, jobs).await,
         }
     };
-    let (begun, rows, existing, prior, standings, known_users, blockers, applications, recall_targets) = futures_util::join!(
+    let (begun, rows, existing, prior, standings, known_users, blockers, applications, targets, reactions) = futures_util::join!(
         begin,
         lock_conversations(tx, jobs, mode),
         existing,
@@ -151,7 +154,8 @@ where
         lookup_joiners(tx.client, jobs),
         lookup_blockers(tx.client, jobs),
         lookup_applications(tx.client, jobs),
-        lookup_recall_targets(tx.client, jobs),
+        lookup_targets(tx.client, jobs),
+        lookup_reactions(tx.client, jobs),
     );
     begun?;
     let rows = rows?;
@@ -164,7 +168,8 @@ where
         known_users: known_users?,
         blockers: blockers?,
         applications: applications?,
-        recall_targets: recall_targets?,
+        targets: targets?,
+        reactions: reactions?,
     })
 }
 
@@ -187,11 +192,14 @@ async fn lookup_request_keys(tx: Conn<'_>, jobs: &[BatchJob]) -> Result<HashMap<
     let (mut convs, mut users, mut keys) = (vec![], vec![], vec![]);
     for job in jobs {
         for op in &job.ops {
-            if let WriteOp::Send(s) = op {
-                convs.push(job.conv.as_str());
-                users.push(s.sender.as_str());
-                keys.push(s.client_msg_id.as_str());
-            }
+            let (user, key) = match op {
+                WriteOp::Send(s) => (&s.sender, &s.client_msg_id),
+                WriteOp::Edit(e) => (&e.sender, &e.client_msg_id),
+                _ => continue,
+            };
+            convs.push(job.conv.as_str());
+            users.push(user.as_str());
+            keys.push(key.as_str());
         }
     }
     if keys.is_empty() {
@@ -206,7 +214,14 @@ async fn lookup_request_keys(tx: Conn<'_>, jobs: &[BatchJob]) -> Result<HashMap<
             continue;
         };
         let event = r.get::<_, Option<i64>>(3).map(|seq| SendAckWithHash {
-            ack: SendAck { seq, message_id: r.get(4), dup: true, created_at: r.get(6) },
+            // Only a `msg` has a message_id; an `edit`'s key answers with its
+            // seq alone, and its fingerprint never matches a send's.
+            ack: SendAck {
+                seq,
+                message_id: r.get::<_, Option<uuid::Uuid>>(4).unwrap_or_default(),
+                dup: true,
+                created_at: r.get(6),
+            },
             hash: r.get(5),
         });
         prior.insert((conv, user, key), Prior { event, tombstone: r.get(7) });
@@ -372,10 +387,11 @@ async fn lookup_applications(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<C
     Ok(found)
 }
 
-/// For each `recall`: its target if it is a `msg` still in the log, whether
-/// it lies inside one of the caller's periods, and the recall that already
-/// erased it, if any.
-const LOOKUP_RECALL_TARGETS: &str = "
+/// For each op with a target (`recall`, `edit`, `react`, a `send`'s
+/// `reply_to`): the target if it is a `msg` still in the log, whether it lies
+/// inside one of the caller's periods, and the recall that already erased
+/// it, if any.
+const LOOKUP_TARGETS: &str = "
 SELECT k.conv, k.u, k.s, e.sender_user, e.created_at,
        EXISTS (SELECT 1 FROM membership_periods p
                 WHERE p.conv_id = k.conv AND p.user_id = k.u AND p.from_seq <= k.s
@@ -384,7 +400,7 @@ SELECT k.conv, k.u, k.s, e.sender_user, e.created_at,
   FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(conv, u, s)
   JOIN events e ON e.conv_id = k.conv AND e.seq = k.s AND e.kind = 'msg'";
 
-/// A recall's target as the transaction found it, for one caller.
+/// A target as the transaction found it, for one caller.
 #[derive(Debug, Clone)]
 pub(super) struct Target {
     pub(super) sender: UserId,
@@ -398,16 +414,25 @@ pub(super) struct Target {
 /// `(caller, target seq)` → the target, when it is a `msg` of the log.
 pub(super) type Targets = HashMap<(UserId, i64), Target>;
 
-/// The targets of the `recall`s of `jobs`, per conversation.
-async fn lookup_recall_targets(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<ConvId, Targets>, StoreError> {
+/// The caller and the target seq of `op`, if it names a message.
+fn target_of(op: &WriteOp) -> Option<(&UserId, i64)> {
+    match op {
+        WriteOp::Recall(r) => Some((&r.actor, r.target_seq)),
+        WriteOp::Edit(e) => Some((&e.sender, e.target_seq)),
+        WriteOp::React(r) => Some((&r.actor, r.target_seq)),
+        WriteOp::Send(s) => s.reply_to.map(|seq| (&s.sender, seq)),
+        _ => None,
+    }
+}
+
+/// The targets of the ops of `jobs`, per conversation.
+async fn lookup_targets(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<ConvId, Targets>, StoreError> {
     let (mut convs, mut users, mut seqs) = (vec![], vec![], vec![]);
     for job in jobs {
-        for op in &job.ops {
-            if let WriteOp::Recall(r) = op {
-                convs.push(job.conv.as_str());
-                users.push(r.actor.as_str());
-                seqs.push(r.target_seq);
-            }
+        for (user, seq) in job.ops.iter().filter_map(target_of) {
+            convs.push(job.conv.as_str());
+            users.push(user.as_str());
+            seqs.push(seq);
         }
     }
     if seqs.is_empty() {
@@ -415,7 +440,7 @@ async fn lookup_recall_targets(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap
     }
     let rows = tx
         .query_typed(
-            LOOKUP_RECALL_TARGETS,
+            LOOKUP_TARGETS,
             &[(&convs, Type::TEXT_ARRAY), (&users, Type::TEXT_ARRAY), (&seqs, Type::INT8_ARRAY)],
         )
         .await?;
@@ -428,6 +453,63 @@ async fn lookup_recall_targets(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap
         };
         let target = Target { sender, created_at: r.get(4), visible: r.get(5), recalled_by: r.get(6) };
         found.entry(conv).or_default().insert((user, r.get(2)), target);
+    }
+    Ok(found)
+}
+
+/// The reactions that the `react`s of a conversation's batch read: per
+/// target, how many users have each emoji on it now; per (user, target), the
+/// user's own.
+#[derive(Debug, Default)]
+pub(super) struct ReactionState {
+    pub(super) counts: HashMap<i64, HashMap<Emoji, i64>>,
+    pub(super) own: HashSet<(UserId, i64, Emoji)>,
+}
+
+/// The emoji on each target (count above 0), by `reaction_counts`' key.
+const LOOKUP_REACTION_COUNTS: &str = "
+SELECT DISTINCT k.conv, k.s, r.emoji, r.count FROM unnest($1::text[], $2::int8[]) AS k(conv, s)
+  JOIN reaction_counts r ON r.conv_id = k.conv AND r.target_seq = k.s AND r.count > 0";
+
+/// Each caller's own reactions on its target, by `reactions`' key.
+const LOOKUP_OWN_REACTIONS: &str = "
+SELECT k.conv, k.s, k.u, r.emoji FROM unnest($1::text[], $2::int8[], $3::text[]) AS k(conv, s, u)
+  JOIN reactions r ON r.conv_id = k.conv AND r.target_seq = k.s AND r.user_id = k.u";
+
+async fn lookup_reactions(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<ConvId, ReactionState>, StoreError> {
+    let (mut convs, mut seqs, mut users) = (vec![], vec![], vec![]);
+    for job in jobs {
+        for op in &job.ops {
+            if let WriteOp::React(r) = op {
+                convs.push(job.conv.as_str());
+                seqs.push(r.target_seq);
+                users.push(r.actor.as_str());
+            }
+        }
+    }
+    if seqs.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let by_target = [(&convs as &(dyn ToSql + Sync), Type::TEXT_ARRAY), (&seqs, Type::INT8_ARRAY)];
+    let by_user = [by_target[0].clone(), by_target[1].clone(), (&users, Type::TEXT_ARRAY)];
+    let (counts, own) = futures_util::join!(
+        tx.query_typed(LOOKUP_REACTION_COUNTS, &by_target),
+        tx.query_typed(LOOKUP_OWN_REACTIONS, &by_user),
+    );
+    let mut found: HashMap<ConvId, ReactionState> = HashMap::new();
+    // Several ops on one target read its rows once each: a set takes them once.
+    for r in counts? {
+        let (Ok(conv), Ok(emoji)) = (ConvId::parse(r.get(0)), Emoji::parse(r.get(2))) else { continue };
+        let count: i32 = r.get(3);
+        found.entry(conv).or_default().counts.entry(r.get(1)).or_default().insert(emoji, count.into());
+    }
+    for r in own? {
+        let (Ok(conv), Ok(user), Ok(emoji)) =
+            (ConvId::parse(r.get(0)), UserId::parse(r.get(2)), Emoji::parse(r.get(3)))
+        else {
+            continue;
+        };
+        found.entry(conv).or_default().own.insert((user, r.get(1), emoji));
     }
     Ok(found)
 }

@@ -145,7 +145,8 @@ pub(super) async fn write_conv_patch(tx: &Client, conv: &ConvId, patch: &ConvPat
                 mute_all = coalesce($6, mute_all), delivery_mode = coalesce($7, delivery_mode),
                 recall_window_ms = coalesce($8, recall_window_ms),
                 retention_ms = CASE WHEN $9 THEN $10 ELSE retention_ms END,
-                status = CASE WHEN $11 THEN 'dismissed' ELSE status END
+                status = CASE WHEN $11 THEN 'dismissed' ELSE status END,
+                edit_window_ms = coalesce($12, edit_window_ms)
           WHERE conv_id = $1",
         &[
             (&c, Type::TEXT),
@@ -159,6 +160,7 @@ pub(super) async fn write_conv_patch(tx: &Client, conv: &ConvId, patch: &ConvPat
             (&set_retention, Type::BOOL),
             (&retention, Type::INT8),
             (&patch.dismissed, Type::BOOL),
+            (&s.edit_window_ms, Type::INT8),
         ],
     )
     .await?;

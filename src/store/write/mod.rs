@@ -5,14 +5,16 @@
 //! Round trips, each a pipeline (`txn`): BEGIN, the lock and every read the
 //! checks need (replay + tombstone lookup of every request key, the standings
 //! of the users the ops name that the cache does not know, for group ops
-//! which invitees exist and their applications, recall targets); the
+//! which invitees exist and their applications, the targets of recalls,
+//! edits, reactions and replies, the reaction sets reactions change); the
 //! membership and settings changes, if any; the one multi-row INSERT with the
 //! `next_seq` UPDATE, and COMMIT.
 //!
 //! * `ops` — the write requests and their outcomes.
 //! * `lookup` — the reads under the lock: rows, request keys, standings, users.
 //! * `batch` — the batch being built (pure: unit-tested without a database);
-//!   `send`, `membership` and `group` hold the rules of each op.
+//!   `send`, `membership`, `group`, `recall`, `edit` and `react` hold the
+//!   rules of each op.
 //! * `member_rows` — the SQL of membership and settings changes.
 //! * `append` — the one INSERT of every event and the row updates.
 //! * `txn` — BEGIN and COMMIT, sent along with the statements next to them.
@@ -21,6 +23,7 @@
 
 mod append;
 mod batch;
+mod edit;
 mod group;
 mod lookup;
 mod member_rows;
@@ -29,6 +32,7 @@ mod merged;
 mod one_trip;
 mod ops;
 mod prepared;
+mod react;
 mod recall;
 mod send;
 mod txn;
@@ -47,8 +51,8 @@ use lookup::{lock_and_read, read_standings, settle_standings, ConvRow, LockMode,
 use member_rows::{write_conv_patch, write_member_changes};
 pub(super) use merged::Share;
 pub use ops::{
-    GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, RecallAck, RecallOp, SendAck, SendOp, WriteOp,
-    WriteOutcome, Written,
+    EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, ReactOp, RecallAck, RecallOp, SendAck,
+    SendOp, WriteOp, WriteOutcome, Written,
 };
 use prepared::Conn;
 pub use prepared::Prepared;
@@ -317,8 +321,8 @@ async fn apply_batches(
         let standings = read_standings(tx, unread).await?;
         settle_standings(jobs, &reads.rows, &standings);
     }
-    let Reads { rows, prior, known_users, blockers, applications, recall_targets, .. } = reads;
-    let (no_applications, no_targets) = (HashSet::new(), HashMap::new());
+    let Reads { rows, prior, known_users, blockers, applications, targets, reactions, .. } = reads;
+    let (no_applications, no_targets, no_reactions) = (HashSet::new(), HashMap::new(), Default::default());
 
     let mut written = Vec::with_capacity(jobs.len());
     let mut builders = Vec::with_capacity(jobs.len());
@@ -334,15 +338,18 @@ async fn apply_batches(
         let cache = &mut job.cache;
         let mut b = BatchBuilder::new(&job.conv, row);
         let applications = applications.get(&job.conv).unwrap_or(&no_applications);
-        let targets = recall_targets.get(&job.conv).unwrap_or(&no_targets);
+        let targets = targets.get(&job.conv).unwrap_or(&no_targets);
+        let reactions = reactions.get(&job.conv).unwrap_or(&no_reactions);
         let mut outcomes = Vec::with_capacity(job.ops.len());
         for op in &job.ops {
             let outcome = match op {
-                WriteOp::Send(s) => b.send(s, &prior, &cache.roster),
+                WriteOp::Send(s) => b.send(s, &prior, &cache.roster, targets),
                 WriteOp::Join(j) => b.join(j, &known_users, &mut cache.roster),
                 WriteOp::Leave(l) => b.leave(l, &mut cache.roster),
                 WriteOp::Group(g) => b.group(g, &known_users, &blockers, applications, &mut cache.roster),
                 WriteOp::Recall(r) => b.recall(r, targets, &cache.roster),
+                WriteOp::Edit(e) => b.edit(e, &prior, targets, &cache.roster),
+                WriteOp::React(r) => b.react(r, targets, reactions, &cache.roster),
             };
             outcomes.push(outcome);
         }

@@ -73,8 +73,9 @@ impl Plan {
 }
 
 /// Checks `job` against its cache alone: a plan when the cache remembers the
-/// row and every op is a send that appends (a sender the roster does not
-/// know taken to be a plain member).
+/// row and every op is a plain send that appends (no `reply_to`, `mentions`
+/// or `mention_all`: their columns are the full append's; a sender the roster
+/// does not know taken to be a plain member).
 pub(super) fn plan(job: &BatchJob) -> Option<Plan> {
     let cache = &job.cache;
     let row = cache.row.as_ref().filter(|r| cache.member_version == Some(r.member_version))?;
@@ -82,11 +83,14 @@ pub(super) fn plan(job: &BatchJob) -> Option<Plan> {
     let mut builder = BatchBuilder::new(&job.conv, &ConvRow { now, ..row.clone() });
     let (mut not_before, mut not_after) = (None::<DateTime<Utc>>, None::<DateTime<Utc>>);
     let mut outcomes = Vec::with_capacity(job.ops.len());
-    let no_prior = HashMap::new();
+    let (no_prior, no_targets) = (HashMap::new(), HashMap::new());
     let mut roster = Cow::Borrowed(&cache.roster);
     let mut assumed = vec![];
     for op in &job.ops {
         let WriteOp::Send(send) = op else { return None };
+        if send.reply_to.is_some() || !send.mentions.is_empty() || send.body.mention_all() {
+            return None;
+        }
         if !roster.knows(&send.sender) {
             if roster.len() >= ROSTER_CACHE_USERS {
                 return None;
@@ -95,7 +99,7 @@ pub(super) fn plan(job: &BatchJob) -> Option<Plan> {
             assumed.push(send.sender.clone());
         }
         let standing = roster.get(&send.sender)?;
-        let outcome = builder.send(send, &no_prior, &roster);
+        let outcome = builder.send(send, &no_prior, &roster, &no_targets);
         if !matches!(outcome, Ok(Written::Sent(_))) {
             return None;
         }
@@ -181,12 +185,12 @@ mod tests {
     }
 
     fn send(user: &str, key: &str) -> WriteOp {
-        WriteOp::Send(SendOp {
-            sender: uid(user),
-            device: DeviceId::parse("d").expect("id"),
-            client_msg_id: ClientMsgId::parse(key).expect("id"),
-            body: Body::parse(&json!({"type": "text", "text": "hi"}), 1024).expect("body"),
-        })
+        WriteOp::Send(SendOp::plain(
+            uid(user),
+            DeviceId::parse("d").expect("id"),
+            ClientMsgId::parse(key).expect("id"),
+            Body::parse(&json!({"type": "text", "text": "hi"}), 1024).expect("body"),
+        ))
     }
 
     /// A warm cache: the row as of seq 9, and the standings of `roster`.
@@ -206,6 +210,7 @@ mod tests {
             retention_ms: None,
             name: None,
             owner: None,
+            edit_window_ms: 86_400_000,
         };
         let mut known = Roster::default();
         for (u, standing) in roster {

@@ -9,7 +9,7 @@ use imcore_actors::{ClientMsgId, DeviceId, UserId};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::domain::{Body, DeliveryMode, JoinMode, LeaveReason, Rejection, Role};
+use crate::domain::{Body, DeliveryMode, Emoji, JoinMode, LeaveReason, Rejection, Role};
 
 /// One write request against one conversation.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -23,13 +23,18 @@ pub enum WriteOp {
     /// in the order written there.
     Group(GroupOp),
     Recall(RecallOp),
+    Edit(EditOp),
+    React(ReactOp),
 }
 
 impl WriteOp {
-    /// Who asks: the sender, the user joined or left, the caller of a group op or recall.
+    /// Who asks: the sender or editor, the user joined or left, the caller of a
+    /// group op, recall or reaction.
     pub fn caller(&self) -> &UserId {
         match self {
             WriteOp::Send(s) => &s.sender,
+            WriteOp::Edit(e) => &e.sender,
+            WriteOp::React(r) => &r.actor,
             WriteOp::Join(j) => &j.user,
             WriteOp::Leave(l) => &l.user,
             WriteOp::Recall(r) => &r.actor,
@@ -42,7 +47,9 @@ impl WriteOp {
     /// op of every batch.
     pub fn users(&self) -> impl Iterator<Item = &UserId> {
         let (caller, named): (&UserId, &[UserId]) = match self {
-            WriteOp::Send(s) => (&s.sender, &[]),
+            WriteOp::Send(s) => (&s.sender, s.mentions.as_slice()),
+            WriteOp::Edit(e) => (&e.sender, &[]),
+            WriteOp::React(r) => (&r.actor, &[]),
             WriteOp::Join(j) => (&j.user, &[]),
             WriteOp::Leave(l) => (&l.user, &[]),
             WriteOp::Recall(r) => (&r.actor, &[]),
@@ -75,6 +82,54 @@ pub struct SendOp {
     pub device: DeviceId,
     pub client_msg_id: ClientMsgId,
     pub body: Body,
+    /// The seq of a `msg` the sender can see.
+    #[serde(default)]
+    pub reply_to: Option<i64>,
+    /// Distinct users, each to be a current member (at most `MAX_MENTIONS`).
+    #[serde(default)]
+    pub mentions: Vec<UserId>,
+}
+
+impl SendOp {
+    /// A send with neither a reply nor mentions: what the one-trip path takes.
+    pub fn plain(sender: UserId, device: DeviceId, client_msg_id: ClientMsgId, body: Body) -> Self {
+        Self { sender, device, client_msg_id, body, reply_to: None, mentions: Vec::new() }
+    }
+}
+
+/// `edit` of the sender's `msg` at `target_seq`: its body becomes `body`.
+/// Idempotent by `(conv, sender, client_msg_id)`, like a send.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EditOp {
+    pub sender: UserId,
+    pub device: DeviceId,
+    pub client_msg_id: ClientMsgId,
+    pub target_seq: i64,
+    pub body: Body,
+}
+
+impl EditOp {
+    /// The request's fingerprint: over the target and the body, and never
+    /// equal to a send's (which is over a body's JSON text alone), so a key
+    /// taken by one kind of request never replays as the other.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"edit\0");
+        h.update(self.target_seq.to_be_bytes());
+        h.update(self.body.fingerprint());
+        h.finalize().into()
+    }
+}
+
+/// `react`: `actor` turns `emoji` on or off on the `msg` at `target_seq`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReactOp {
+    pub actor: UserId,
+    pub device: DeviceId,
+    pub target_seq: i64,
+    pub emoji: Emoji,
+    pub on: bool,
 }
 
 /// `user` joins with `role`; `actor` is who added them (the user itself for a self-join).
@@ -168,6 +223,8 @@ pub struct ProfilePatch {
     pub mute_all: Option<bool>,
     pub delivery_mode: Option<DeliveryMode>,
     pub recall_window_ms: Option<i64>,
+    #[serde(default)]
+    pub edit_window_ms: Option<i64>,
     /// `Some(None)`: unlimited.
     pub retention_ms: Option<Option<i64>>,
 }
@@ -201,6 +258,13 @@ pub enum Written {
     },
     Invited(Invited),
     Recalled(RecallAck),
+    /// `edit`'s answer: the seq of the `edit` event, the first one's on a repeat.
+    Edited(RecallAck),
+    /// `react`'s answer: the seq of the `reaction` event, `None` when the
+    /// set already was as asked and nothing was appended.
+    Reacted {
+        seq: Option<i64>,
+    },
     /// An application filed (`join` of an approval group); no event.
     Pending,
     /// An application rejected; no event.
@@ -227,3 +291,67 @@ pub struct Invited {
 }
 
 pub type WriteOutcome = Result<Written, Rejection>;
+
+#[cfg(test)]
+mod tests {
+    use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{Event, EventKind};
+
+    /// A write forwarded to its conversation's home crosses the bus as JSON
+    /// (ARCHITECTURE §7): the v1.2 ops, answers and events come back whole.
+    #[test]
+    fn history_ops_answers_and_events_cross_the_bus_whole() {
+        let (user, device) = (UserId::parse("u-a").expect("id"), DeviceId::parse("d").expect("id"));
+        let body = Body::parse(&json!({"text": "hi"}), 1024).expect("body");
+        let ops = [
+            WriteOp::Send(SendOp {
+                reply_to: Some(3),
+                mentions: vec![UserId::parse("u-b").expect("id")],
+                ..SendOp::plain(user.clone(), device.clone(), ClientMsgId::parse("k").expect("id"), body.clone())
+            }),
+            WriteOp::Edit(EditOp {
+                sender: user.clone(),
+                device: device.clone(),
+                client_msg_id: ClientMsgId::parse("e").expect("id"),
+                target_seq: 3,
+                body,
+            }),
+            WriteOp::React(ReactOp {
+                actor: user.clone(),
+                device: device.clone(),
+                target_seq: 3,
+                emoji: Emoji::parse("👍").expect("emoji"),
+                on: true,
+            }),
+        ];
+        for op in ops {
+            let text = serde_json::to_string(&op).expect("encode");
+            let back: WriteOp = serde_json::from_str(&text).expect("decode");
+            assert_eq!(serde_json::to_string(&back).expect("encode"), text);
+        }
+        for written in [Written::Edited(RecallAck { seq: 4, dup: false }), Written::Reacted { seq: None }] {
+            let back: Written =
+                serde_json::from_str(&serde_json::to_string(&written).expect("encode")).expect("decode");
+            assert_eq!(back, written);
+        }
+        let event = Event {
+            conv_id: ConvId::parse("g").expect("id"),
+            seq: 5,
+            created_at: chrono::Utc::now(),
+            kind: EventKind::Reaction {
+                sender: user,
+                sender_device: device,
+                target_seq: 3,
+                emoji: Emoji::parse("👍").expect("emoji"),
+                on: false,
+            },
+        };
+        let back: Event = serde_json::from_str(&serde_json::to_string(&event).expect("encode")).expect("decode");
+        assert_eq!(back, event);
+        // An emoji is checked again on arrival.
+        assert!(serde_json::from_str::<Emoji>(r#""a b""#).is_err());
+    }
+}

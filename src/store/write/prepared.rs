@@ -15,7 +15,7 @@ macro_rules! lock_conversations_sql {
         concat!(
             "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
             "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms, ",
-            "retention_ms, name, owner FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
+            "retention_ms, name, owner, edit_window_ms FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
         )
     };
@@ -52,19 +52,51 @@ SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms, 
   JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
 
 /// Every event of every conversation of the transaction, the bodies its
-/// recalls erase (with their fingerprints, `ERASED_FINGERPRINT` = `$23`),
-/// and every conversation row, in one statement.
+/// recalls erase (of the message and of its edits, whose fingerprints go too:
+/// `ERASED_FINGERPRINT`, 32 zero bytes), the bodies its edits set,
+/// the reactions it sets and counts, and every conversation row, in one
+/// statement. Each row is written by one part at most (the batch nets its
+/// changes out), as one statement must.
 const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
-                      body, subject_user, actor, reason, change, target_seq, recalled, created_at)
-  SELECT e.*, $16
+                      body, subject_user, actor, reason, change, target_seq, recalled, created_at,
+                      reply_to, mentions, mention_all, edited_at, emoji, reaction_on)
+  SELECT e.conv, e.seq, e.kind, e.mid, e.snd, e.dev, e.key, e.hash, e.body, e.subj, e.act, e.reason, e.change,
+         e.target, e.recalled, $16, e.reply_to, string_to_array(e.mentions, ' '), e.mention_all, e.edited_at,
+         e.emoji, e.reaction_on
     FROM unnest($1::text[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::bytea[],
-                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[]) AS e),
+                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::bool[],
+                $23::int8[], $24::text[], $25::bool[], $26::timestamptz[], $27::text[], $28::bool[])
+         AS e(conv, seq, kind, mid, snd, dev, key, hash, body, subj, act, reason, change, target, recalled,
+              reply_to, mentions, mention_all, edited_at, emoji, reaction_on)),
 erased AS (
-  UPDATE events e SET body = NULL, recalled = true, request_hash = $23
+  UPDATE events e SET body = NULL, recalled = true, request_hash = decode(repeat('00', 32), 'hex')
     FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
-   WHERE e.conv_id = r.conv AND e.seq = r.seq)
+   WHERE e.conv_id = r.conv AND e.seq = r.seq),
+erased_edits AS (
+  UPDATE events e SET body = NULL, request_hash = decode(repeat('00', 32), 'hex')
+    FROM unnest($21::text[], $22::int8[]) AS r(conv, seq)
+   WHERE e.conv_id = r.conv AND e.kind = 'edit' AND e.target_seq = r.seq),
+edited AS (
+  UPDATE events e SET body = x.body, edited_at = $16
+    FROM unnest($29::text[], $30::int8[], $31::text[]) AS x(conv, seq, body)
+   WHERE e.conv_id = x.conv AND e.seq = x.seq),
+turned_on AS (
+  INSERT INTO reactions (conv_id, target_seq, user_id, emoji, seq)
+  SELECT x.conv, x.target, x.u, x.emoji, x.seq
+    FROM unnest($32::text[], $33::int8[], $34::text[], $35::text[], $36::bool[], $37::int8[])
+         AS x(conv, target, u, emoji, turned_on, seq)
+   WHERE x.turned_on),
+turned_off AS (
+  DELETE FROM reactions r
+   USING unnest($32::text[], $33::int8[], $34::text[], $35::text[], $36::bool[]) AS x(conv, target, u, emoji, turned_on)
+   WHERE NOT x.turned_on AND r.conv_id = x.conv AND r.target_seq = x.target AND r.user_id = x.u
+     AND r.emoji = x.emoji),
+counted AS (
+  INSERT INTO reaction_counts AS rc (conv_id, target_seq, emoji, count, first_seq)
+  SELECT * FROM unnest($38::text[], $39::int8[], $40::text[], $41::int4[], $42::int8[])
+  ON CONFLICT (conv_id, target_seq, emoji) DO UPDATE SET count = rc.count + excluded.count)
 UPDATE conversations c
    SET next_seq = u.next_seq, member_version = c.member_version + u.bump, member_count = u.members,
        last_event_at = $16
@@ -153,7 +185,27 @@ impl Prepared {
             T::INT4_ARRAY,
             T::TEXT_ARRAY,
             T::INT8_ARRAY,
-            T::BYTEA,
+            // $23..: `append::EventColumns::history_params`, then `append::Shown`.
+            T::INT8_ARRAY,
+            T::TEXT_ARRAY,
+            T::BOOL_ARRAY,
+            T::TIMESTAMPTZ_ARRAY,
+            T::TEXT_ARRAY,
+            T::BOOL_ARRAY,
+            T::TEXT_ARRAY,
+            T::INT8_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::INT8_ARRAY,
+            T::TEXT_ARRAY,
+            T::TEXT_ARRAY,
+            T::BOOL_ARRAY,
+            T::INT8_ARRAY,
+            T::TEXT_ARRAY,
+            T::INT8_ARRAY,
+            T::TEXT_ARRAY,
+            T::INT4_ARRAY,
+            T::INT8_ARRAY,
         ];
         let expected = [
             T::TEXT,

@@ -7,7 +7,7 @@
 use chrono::Duration;
 
 use super::batch::BatchBuilder;
-use super::lookup::{Target, Targets};
+use super::lookup::Targets;
 use super::ops::{RecallAck, RecallOp, WriteOutcome, Written};
 use super::Roster;
 use crate::domain::{EventKind, Permission, Rejection};
@@ -20,7 +20,7 @@ impl BatchBuilder {
             return Err(Rejection::ConvDismissed);
         }
         let standing = roster.get(&op.actor).ok_or(Rejection::NotMember)?;
-        let target = self.recall_target(op, targets).ok_or(Rejection::NotFound("message".into()))?;
+        let target = self.message(&op.actor, op.target_seq, targets).ok_or(Rejection::NotFound("message".into()))?;
         if let Some(seq) = target.recalled_by {
             return Ok(Written::Recalled(RecallAck { seq, dup: true }));
         }
@@ -39,24 +39,5 @@ impl BatchBuilder {
         });
         self.erase(op.target_seq, seq);
         Ok(Written::Recalled(RecallAck { seq, dup: false }))
-    }
-
-    /// The target: a `msg` appended earlier in this batch, or one the lookup found.
-    fn recall_target(&self, op: &RecallOp, targets: &Targets) -> Option<Target> {
-        let recalled_here = self.recalled.get(&op.target_seq).copied();
-        if op.target_seq >= self.first_seq {
-            let e = self.events.get((op.target_seq - self.first_seq) as usize)?;
-            let EventKind::Msg { sender, .. } = &e.kind else { return None };
-            // A member who joined after the message (in this batch) never saw it.
-            let visible = !self.opened.get(&op.actor).is_some_and(|&from| from > e.seq);
-            return visible.then(|| Target {
-                sender: sender.clone(),
-                created_at: e.created_at,
-                recalled_by: recalled_here,
-                visible,
-            });
-        }
-        let found = targets.get(&(op.actor.clone(), op.target_seq)).filter(|t| t.visible)?;
-        Some(Target { recalled_by: found.recalled_by.or(recalled_here), ..found.clone() })
     }
 }

@@ -5,14 +5,21 @@ use std::collections::HashMap;
 use uuid::Uuid;
 
 use super::batch::BatchBuilder;
-use super::lookup::{Prior, RequestKey, SendAckWithHash};
+use super::lookup::{Prior, RequestKey, SendAckWithHash, Targets};
 use super::ops::{SendAck, SendOp, WriteOutcome, Written};
 use super::Roster;
 use crate::domain::{EventKind, Permission, Rejection};
 
 impl BatchBuilder {
-    /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → blocked → mute → permission → append.
-    pub(super) fn send(&mut self, op: &SendOp, prior: &HashMap<RequestKey, Prior>, members: &Roster) -> WriteOutcome {
+    /// PROTOCOL §5 `send`: replay → tombstone → dismissed → member → blocked →
+    /// mute → permission → `reply_to` and `mentions` (`NOT_FOUND`) → append.
+    pub(super) fn send(
+        &mut self,
+        op: &SendOp,
+        prior: &HashMap<RequestKey, Prior>,
+        members: &Roster,
+        targets: &Targets,
+    ) -> WriteOutcome {
         let key = (self.conv.clone(), op.sender.clone(), op.client_msg_id.clone());
         let earlier = self.appended_keys.get(&key).or_else(|| prior.get(&key).and_then(|p| p.event.as_ref()));
         if let Some(earlier) = earlier {
@@ -49,6 +56,13 @@ impl BatchBuilder {
         if op.body.mention_all() && !member.can(self.join_mode, self.now, Permission::AtAll) {
             return Err(Rejection::Forbidden("your role may not mention everyone".into()));
         }
+        if let Some(seq) = op.reply_to {
+            // A recalled message is still one the sender saw: a reply to it stands.
+            self.message(&op.sender, seq, targets).ok_or(Rejection::NotFound("message replied to".into()))?;
+        }
+        if let Some(absent) = op.mentions.iter().find(|u| !members.contains_key(u)) {
+            return Err(Rejection::NotFound(format!("mentioned member {absent}").into()));
+        }
         let message_id = Uuid::now_v7();
         let seq = self.append(EventKind::Msg {
             message_id,
@@ -57,6 +71,10 @@ impl BatchBuilder {
             client_msg_id: op.client_msg_id.clone(),
             body: Some(op.body.text().to_owned()),
             recalled: false,
+            reply_to: op.reply_to,
+            mentions: op.mentions.clone(),
+            mention_all: op.body.mention_all(),
+            edited_at: None,
         });
         let ack = SendAck { seq, message_id, dup: false, created_at: self.now };
         self.appended_keys.insert(key, SendAckWithHash { ack: ack.clone(), hash: op.body.fingerprint().to_vec() });
