@@ -11,9 +11,11 @@
 //! * [`domain`] — rules independent of transport and storage: bodies and their
 //!   fingerprints, roles and permission bits, events, rejections.
 //! * [`store`] — PostgreSQL, one module per transaction family: `write` (send,
-//!   join, leave under the conversation row locks, for one or several
-//!   conversations at once), `commit_stage` (merges conversations' batches into
-//!   one transaction), `sync`, `read`, `inbox`, `conversations`, `accounts`,
+//!   edit, react, recall, join, leave and group ops under the conversation row
+//!   locks, for one or several conversations at once), `commit_stage` (merges
+//!   conversations' batches into one transaction), `sync`, `read`, `inbox`,
+//!   `conversations`, `accounts`, `access` (the stranger gate's probe),
+//!   `blocks`, `signals` (the reads behind typing and presence),
 //!   `migrate`; `port` makes the store the actors' `ConversationStore`;
 //!   `error` classifies database failures by SQLSTATE, once.
 //! * [`writer`] — the configurable write path: `actor` (hub → conversation
