@@ -328,11 +328,11 @@ async fn read_conversation(
         .await?
         .ok_or(Rejection::NotMember)?;
     let mut info = conversation_from_row(&row)?;
-    if let Some(left_at) = row.get::<_, Option<i64>>(16) {
+    if let Some(left_at) = row.get::<_, Option<i64>>(CONVERSATION_COLUMN_COUNT) {
         info.head = info.head.min(left_at);
     }
     let left = row
-        .get::<_, Option<serde_json::Value>>(17)
+        .get::<_, Option<serde_json::Value>>(CONVERSATION_COLUMN_COUNT + 1)
         .map(serde_json::from_value::<LeftView>)
         .transpose()
         .map_err(|_| StoreError::Undecodable("membership_periods.left_view"))?;
