@@ -10,8 +10,7 @@ use serde_json::json;
 
 use super::lookup::{ConvRow, RequestKey, SendAckWithHash, Target, Targets};
 use super::ops::ProfilePatch;
-use super::react::Reacting;
-use crate::domain::{DeliveryMode, Event, EventKind, JoinMode, Role, Standing};
+use crate::domain::{DeliveryMode, Emoji, Event, EventKind, JoinMode, Role, Standing};
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.
 pub(super) struct BatchBuilder {
@@ -235,4 +234,15 @@ impl BatchBuilder {
         self.applications.insert(user.clone(), false);
         self.member_changes.push(MemberChange::Unapply { user: user.clone() });
     }
+}
+
+/// The reactions a batch changed, over those it read.
+#[derive(Debug, Default)]
+pub(super) struct Reacting {
+    /// (user, target, emoji) → on after the batch, on before it, and the seq
+    /// of the batch's last change.
+    pub(super) own: BTreeMap<(UserId, i64, Emoji), (bool, bool, i64)>,
+    /// (target, emoji) → the change of its count, and the seq of the batch's
+    /// first change (the order of a new emoji in the list).
+    pub(super) counts: BTreeMap<(i64, Emoji), (i32, i64)>,
 }

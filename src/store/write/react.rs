@@ -3,26 +3,13 @@
 //! `reaction` event is appended and the set and its counts change in the same
 //! transaction. At most [`MAX_EMOJI_PER_MESSAGE`] distinct emoji per message.
 
-use std::collections::{BTreeMap, HashMap};
-
-use imcore_actors::UserId;
+use std::collections::HashMap;
 
 use super::batch::BatchBuilder;
 use super::lookup::{ReactionState, Targets};
 use super::ops::{ReactOp, WriteOutcome, Written};
 use super::Roster;
 use crate::domain::{Emoji, EventKind, Rejection, MAX_EMOJI_PER_MESSAGE};
-
-/// The reactions a batch changed, over those it read.
-#[derive(Debug, Default)]
-pub(super) struct Reacting {
-    /// (user, target, emoji) → on after the batch, on before it, and the seq
-    /// of the batch's last change.
-    pub(super) own: BTreeMap<(UserId, i64, Emoji), (bool, bool, i64)>,
-    /// (target, emoji) → the change of its count, and the seq of the batch's
-    /// first change (the order of a new emoji in the list).
-    pub(super) counts: BTreeMap<(i64, Emoji), (i32, i64)>,
-}
 
 impl BatchBuilder {
     /// Checks: dismissed → member → mute → the target is a visible,

@@ -15,6 +15,9 @@ use imcore_actors::hub::HubConfig;
 
 use crate::domain::DEFAULT_MAX_BODY_BYTES;
 
+mod bus;
+pub use bus::BusSettings;
+
 /// How sends reach PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WritePath {
@@ -528,85 +531,6 @@ impl RetentionSettings {
 impl Default for RetentionSettings {
     fn default() -> Self {
         Self { interval_ms: 60_000, chunk: 1_000, tombstone_horizon_ms: 0 }
-    }
-}
-
-/// The cluster bus as a trust boundary (ARCHITECTURE §7): how a node
-/// authenticates to NATS, and the key every bus message is signed with.
-#[derive(Clone, Args)]
-pub struct BusSettings {
-    /// NATS user (with `IMCORE_NATS_PASSWORD`).
-    #[arg(long, env = "IMCORE_NATS_USER", requires = "nats_password", conflicts_with_all = ["nats_nkey", "nats_creds"])]
-    pub nats_user: Option<String>,
-
-    /// NATS password of `IMCORE_NATS_USER`.
-    #[arg(long, env = "IMCORE_NATS_PASSWORD", hide_env_values = true, requires = "nats_user")]
-    pub nats_password: Option<String>,
-
-    /// NATS nkey seed (`SU…`) to authenticate with.
-    #[arg(long, env = "IMCORE_NATS_NKEY", hide_env_values = true, conflicts_with = "nats_creds")]
-    pub nats_nkey: Option<String>,
-
-    /// NATS credentials file (a user JWT and its nkey seed).
-    #[arg(long, env = "IMCORE_NATS_CREDS")]
-    pub nats_creds: Option<PathBuf>,
-
-    /// CA certificate (PEM) NATS's certificate is checked against; set, the
-    /// connection must be TLS.
-    #[arg(long, env = "IMCORE_NATS_TLS_CA")]
-    pub nats_tls_ca: Option<PathBuf>,
-
-    /// Client certificate (PEM) for NATS servers that verify clients (with `IMCORE_NATS_TLS_KEY`).
-    #[arg(long, env = "IMCORE_NATS_TLS_CERT", requires = "nats_tls_key")]
-    pub nats_tls_cert: Option<PathBuf>,
-
-    /// The client certificate's private key (PEM).
-    #[arg(long, env = "IMCORE_NATS_TLS_KEY", requires = "nats_tls_cert")]
-    pub nats_tls_key: Option<PathBuf>,
-
-    /// Key shared by the nodes of this cluster, at least 32 bytes: every bus
-    /// message is signed with it (HMAC-SHA256), and one not signed with it is
-    /// dropped. Required with `IMCORE_NATS_URL`.
-    #[arg(long, env = "IMCORE_CLUSTER_KEY", hide_env_values = true)]
-    pub cluster_key: Option<String>,
-
-    /// A bus message signed more than this many ms before or after this
-    /// node's clock is dropped (a replay, or clocks too far apart).
-    #[arg(long, env = "IMCORE_BUS_MAX_AGE_MS", default_value_t = BusSettings::default().max_age_ms)]
-    pub max_age_ms: u64,
-}
-
-impl Default for BusSettings {
-    fn default() -> Self {
-        Self {
-            nats_user: None,
-            nats_password: None,
-            nats_nkey: None,
-            nats_creds: None,
-            nats_tls_ca: None,
-            nats_tls_cert: None,
-            nats_tls_key: None,
-            cluster_key: None,
-            max_age_ms: 30_000,
-        }
-    }
-}
-
-/// Secrets shown only as set or not.
-impl std::fmt::Debug for BusSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let set = |s: &Option<String>| s.as_ref().map(|_| "<set>");
-        f.debug_struct("BusSettings")
-            .field("nats_user", &self.nats_user)
-            .field("nats_password", &set(&self.nats_password))
-            .field("nats_nkey", &set(&self.nats_nkey))
-            .field("nats_creds", &self.nats_creds)
-            .field("nats_tls_ca", &self.nats_tls_ca)
-            .field("nats_tls_cert", &self.nats_tls_cert)
-            .field("nats_tls_key", &self.nats_tls_key)
-            .field("cluster_key", &set(&self.cluster_key))
-            .field("max_age_ms", &self.max_age_ms)
-            .finish()
     }
 }
 
