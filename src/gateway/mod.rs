@@ -13,7 +13,8 @@
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
 //! * `session` — the WebSocket actor (the only user of `actix-web-actors`);
-//!   `outbound` — its bytes not yet written, capped and charged to the budget.
+//!   `outbound` — its bytes not yet written, capped and charged to the budget;
+//!   `frame_limit` — frame sizes checked as their headers arrive.
 //! * `health` — `/healthz`, `/readyz`; `/metrics` is here.
 //! * `client` — the web client at `/`, embedded in the binary.
 //!
@@ -33,6 +34,7 @@ mod client;
 mod create_rate;
 mod error;
 mod fields;
+mod frame_limit;
 mod gate;
 mod group;
 mod health;
