@@ -14,25 +14,12 @@ use super::error::decoded;
 use super::{Store, StoreError};
 use crate::domain::Rejection;
 
-/// $1 conv, $2 user, $3 seq (≥ 0). No row back = not a current member (or no
-/// such conversation). A cursor is only ever written capped at the head of
-/// the moment, and heads only grow, so `greatest` of the stored value and the
-/// capped request is itself ≤ head.
-const MARK_READ: &str = "
-INSERT INTO read_cursors (user_id, conv_id, read_seq)
-SELECT $2, c.conv_id, least($3, c.next_seq - 1)
-  FROM conversations c
- WHERE c.conv_id = $1
-   AND EXISTS (SELECT 1 FROM membership_periods p
-                WHERE p.conv_id = c.conv_id AND p.user_id = $2 AND p.to_seq IS NULL)
-    ON CONFLICT (user_id, conv_id)
-    DO UPDATE SET read_seq = greatest(read_cursors.read_seq, excluded.read_seq),
-                  changed_at = CASE WHEN excluded.read_seq > read_cursors.read_seq THEN now()
-                                    ELSE read_cursors.changed_at END
-RETURNING read_seq";
-
-/// `MARK_READ`, and when the cursor moved in a direct conversation or a group
-/// of at most `$4` members, the other current members (to push it to).
+/// $1 conv, $2 user, $3 seq (≥ 0): the cursor moved up to `$3`, and when it
+/// moved in a direct conversation or a group of at most `$4` members, the
+/// other current members (to push it to). No row back = not a current member
+/// (or no such conversation). A cursor is only ever written capped at the
+/// head of the moment, and heads only grow, so `greatest` of the stored value
+/// and the capped request is itself ≤ head.
 const MARK_READ_AND_TELL: &str = "
 WITH cur AS (INSERT INTO read_cursors (user_id, conv_id, read_seq)
   SELECT $2, c.conv_id, least($3, c.next_seq - 1)
@@ -97,20 +84,8 @@ impl Store {
     /// never back) and returns the resulting `read_seq`. `NOT_MEMBER` unless
     /// `user` is a current member (also for a conversation that does not
     /// exist); `BAD_REQUEST` for a negative `seq`.
-    ///
     pub async fn mark_read(&self, conv: &ConvId, user: &UserId, seq: i64) -> Result<i64, StoreError> {
-        if seq < 0 {
-            return Err(Rejection::BadRequest("seq must be >= 0".into()).into());
-        }
-        let conn = self.pool.get().await?;
-        let row = conn
-            .query_typed_opt(
-                MARK_READ,
-                &[(&conv.as_str(), Type::TEXT), (&user.as_str(), Type::TEXT), (&seq, Type::INT8)],
-            )
-            .await?
-            .ok_or(Rejection::NotMember)?;
-        Ok(row.get(0))
+        Ok(self.mark_read_telling(conv, user, seq, 0).await?.read_seq)
     }
 
     /// [`Store::mark_read`], and when the cursor moved in a direct
