@@ -9,7 +9,9 @@ use std::time::Duration;
 use imcore_actors::{ConvId, DeviceId, InvalidId, UserId};
 use serde_json::{json, Value};
 
-use crate::cli::{AdminArgs, AdminCommand, DeviceCommand, EpochCommand, RetentionCommand, UserCommand};
+use crate::cli::{
+    AdminArgs, AdminCommand, ConversationCommand, DeviceCommand, EpochCommand, RetentionCommand, UserCommand,
+};
 use crate::config::{admin_token_path, Config};
 
 /// How long one admin request may take, connecting included.
@@ -53,6 +55,15 @@ pub async fn run(args: &AdminArgs, config: &Config) -> Result<String, AdminError
             let conv = ConvId::parse(conv_id)?;
             let bumped = server.post(&format!("/v1/admin/conversations/{conv}/epoch"), json!({})).await?;
             Ok(format!("conversation {conv} is now at epoch {}", bumped["epoch"]))
+        }
+        AdminCommand::Conversation(command) => {
+            let (conv, action) = match command {
+                ConversationCommand::Ban { conv_id } => (ConvId::parse(conv_id)?, "ban"),
+                ConversationCommand::Unban { conv_id } => (ConvId::parse(conv_id)?, "unban"),
+            };
+            let done = server.post(&format!("/v1/admin/conversations/{conv}/{action}"), json!({})).await?;
+            let how = if done["changed"] == true { "now" } else { "already" };
+            Ok(format!("conversation {conv} is {how} {}", done["status"].as_str().unwrap_or_default()))
         }
         AdminCommand::Retention(RetentionCommand::Run) => {
             let report = server.post("/v1/admin/retention/run", json!({})).await?;

@@ -17,7 +17,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Administer a running server (users, devices, epochs, retention).
+    /// Administer a running server (users, devices, epochs, retention, bans).
     Admin(AdminArgs),
 }
 
@@ -46,6 +46,9 @@ pub enum AdminCommand {
     /// The retention purge.
     #[command(subcommand)]
     Retention(RetentionCommand),
+    /// Groups the operator bans (no writes; members still read).
+    #[command(subcommand)]
+    Conversation(ConversationCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,6 +72,14 @@ pub enum DeviceCommand {
 pub enum EpochCommand {
     /// Bumps a conversation's epoch: clients resync it from `min_seq`.
     Bump { conv_id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConversationCommand {
+    /// Bans a group: every write answers `CONV_BANNED` until it is unbanned.
+    Ban { conv_id: String },
+    /// Lifts a ban.
+    Unban { conv_id: String },
 }
 
 #[derive(Debug, Subcommand)]

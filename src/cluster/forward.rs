@@ -237,7 +237,8 @@ pub(super) fn serve(
 }
 
 /// Whether `op` is one the gateway makes from a client's request, in the
-/// forms it checks: a send, an edit, a reaction, a recall, a group op. Never a join or leave
+/// forms it checks: a send, an edit, a reaction, a recall, a group op; or
+/// the operator's ban from the admin endpoint. Never a join or leave
 /// "as such" (those skip every permission check: a new conversation's
 /// members, written where it is created).
 fn client_op(op: &WriteOp, max_body: usize) -> Result<(), &'static str> {
@@ -255,6 +256,7 @@ fn client_op(op: &WriteOp, max_body: usize) -> Result<(), &'static str> {
         WriteOp::Recall(recall) if recall.target_seq < 1 => Err("a recall of no message"),
         WriteOp::Recall(_) => Ok(()),
         WriteOp::Group(group) => group_change(&group.change),
+        WriteOp::Ban(_) => Ok(()),
     }
 }
 

@@ -164,7 +164,7 @@ mod tests {
                 conv_id: conv.clone(),
                 seq,
                 created_at: Utc::now(),
-                kind: EventKind::Group { actor: UserId::parse("ann").expect("user"), change: "{}".into() },
+                kind: EventKind::Group { actor: UserId::parse("ann").ok(), change: "{}".into() },
             })
             .collect();
         let appended = Appended { conv_id: conv, events, head: *seqs.end(), delivery_mode: DeliveryMode::Push };

@@ -333,7 +333,7 @@ mod tests {
     }
 
     fn group(seq: i64, change: &str) -> Event {
-        event(seq, EventKind::Group { actor: user("owner"), change: change.into() })
+        event(seq, EventKind::Group { actor: Some(user("owner")), change: change.into() })
     }
 
     fn msg(seq: i64) -> Event {

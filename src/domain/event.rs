@@ -67,7 +67,8 @@ pub enum EventKind {
         reason: LeaveReason,
     },
     Group {
-        actor: UserId,
+        /// `None`: the operator (a ban or unban), not a member.
+        actor: Option<UserId>,
         /// JSON object text naming what changed.
         change: String,
     },
@@ -102,6 +103,9 @@ impl LeaveReason {
 /// The `change` of the `group` event that dismisses a group (PROTOCOL §5):
 /// it closes every open membership period at its seq.
 pub const DISMISSED_CHANGE: &str = r#"{"status":"dismissed"}"#;
+/// The `change` of the operator's ban of a group, and of its unban.
+pub const BANNED_CHANGE: &str = r#"{"status":"banned"}"#;
+pub const UNBANNED_CHANGE: &str = r#"{"status":"active"}"#;
 
 impl EventKind {
     /// Whether this event dismisses its group.

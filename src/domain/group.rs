@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 
+use super::Rejection;
+
 /// Most users one `invite` names.
 pub const MAX_INVITE_USERS: usize = 1000;
 /// Most users one `send` mentions.
@@ -45,6 +47,47 @@ impl FromStr for DeliveryMode {
         match s {
             "push" => Ok(DeliveryMode::Push),
             "pull" => Ok(DeliveryMode::Pull),
+            _ => Err(()),
+        }
+    }
+}
+
+/// Where a conversation stands (PROTOCOL §5 `status`): `dismissed` by its
+/// owner, for good; `banned` by the operator until unbanned. Only an active
+/// conversation takes writes; its members read in every status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ConvStatus {
+    Active,
+    Dismissed,
+    Banned,
+}
+
+impl ConvStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConvStatus::Active => "active",
+            ConvStatus::Dismissed => "dismissed",
+            ConvStatus::Banned => "banned",
+        }
+    }
+
+    /// The refusal of a write in this status, if any.
+    pub fn writable(self) -> Result<(), Rejection> {
+        match self {
+            ConvStatus::Active => Ok(()),
+            ConvStatus::Dismissed => Err(Rejection::ConvDismissed),
+            ConvStatus::Banned => Err(Rejection::ConvBanned),
+        }
+    }
+}
+
+impl FromStr for ConvStatus {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "active" => Ok(ConvStatus::Active),
+            "dismissed" => Ok(ConvStatus::Dismissed),
+            "banned" => Ok(ConvStatus::Banned),
             _ => Err(()),
         }
     }
@@ -201,13 +244,35 @@ mod tests {
 
     #[test]
     fn roles_carry_the_bits_of_seed_002() {
-        assert_eq!(Role::Owner.bits(JoinMode::Invite), 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128 | 1024);
-        assert!(!Role::Admin.can(JoinMode::Invite, Permission::SetAdmin));
-        assert!(!Role::Admin.can(JoinMode::Invite, Permission::Dismiss));
-        assert!(Role::Admin.can(JoinMode::Invite, Permission::AtAll));
-        assert!(Role::Member.can(JoinMode::Free, Permission::Invite));
-        assert!(!Role::Member.can(JoinMode::Approval, Permission::Invite));
-        assert!(!Role::Member.can(JoinMode::Invite, Permission::AtAll));
+        // The design's table, copied as literals: bit value, then owner, admin,
+        // member (the member's INVITE "depends on join_mode": invite and free
+        // groups yes, approval groups no).
+        use Permission::*;
+        let table = [
+            (SendMsg, 1, true, true, true),
+            (RecallOther, 2, true, true, false),
+            (Kick, 4, true, true, false),
+            (Invite, 8, true, true, true),
+            (Mute, 16, true, true, false),
+            (SetAdmin, 32, true, false, false),
+            (EditInfo, 64, true, true, false),
+            (AtAll, 128, true, true, false),
+            (Dismiss, 1024, true, false, false),
+        ];
+        for (bit, value, owner, admin, member) in table {
+            assert_eq!(bit as u32, value, "{bit:?}");
+            for mode in [JoinMode::Invite, JoinMode::Free, JoinMode::Approval] {
+                let member = member && !(bit == Invite && mode == JoinMode::Approval);
+                for (role, want) in [(Role::Owner, owner), (Role::Admin, admin), (Role::Member, member)] {
+                    assert_eq!(role.can(mode, bit), want, "{role} {bit:?} in a {} group", mode.as_str());
+                }
+            }
+        }
+        // No role holds a bit outside the table.
+        let all: u32 = table.iter().map(|row| row.1).sum();
+        for role in [Role::Owner, Role::Admin, Role::Member] {
+            assert_eq!(role.bits(JoinMode::Free) & !all, 0, "{role}");
+        }
     }
 
     #[test]

@@ -12,10 +12,10 @@ mod time;
 
 pub use body::{Body, BodyError, DEFAULT_MAX_BODY_BYTES, ERASED_FINGERPRINT};
 pub use emoji::{Emoji, EmojiError, MAX_EMOJI_BYTES, MAX_EMOJI_PER_MESSAGE};
-pub use event::{Event, EventKind, LeaveReason, DISMISSED_CHANGE};
+pub use event::{Event, EventKind, LeaveReason, BANNED_CHANGE, DISMISSED_CHANGE, UNBANNED_CHANGE};
 pub use group::{
-    DeliveryMode, JoinMode, Permission, Role, Standing, ADMIN_BITS, MAX_DURATION_MS, MAX_GROUP_SIZE, MAX_INVITE_USERS,
-    MAX_MENTIONS,
+    ConvStatus, DeliveryMode, JoinMode, Permission, Role, Standing, ADMIN_BITS, MAX_DURATION_MS, MAX_GROUP_SIZE,
+    MAX_INVITE_USERS, MAX_MENTIONS,
 };
 pub use rejection::Rejection;
 pub use text::{check_text, TextError, MAX_ALIAS_CHARS, MAX_DISPLAY_NAME_CHARS, MAX_GROUP_NAME_CHARS};

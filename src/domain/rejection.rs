@@ -15,6 +15,8 @@ pub enum Rejection {
     Muted,
     #[error("the group was dismissed")]
     ConvDismissed,
+    #[error("the group is banned by the operator")]
+    ConvBanned,
     #[error("already a member")]
     AlreadyMember,
     #[error("the group is full")]

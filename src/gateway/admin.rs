@@ -1,4 +1,4 @@
-//! Admin endpoints (PROTOCOL §3, §6), authenticated with the admin token.
+//! Admin endpoints (PROTOCOL §3, §6, "Banned groups"), authenticated with the admin token.
 
 use actix_web::http::Method;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -6,9 +6,12 @@ use imcore_actors::{ConvId, DeviceId, UserId};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
+use super::group::written_json;
 use super::http::{fields, resource};
 use super::{auth, AppState};
-use crate::domain::{check_text, MAX_DISPLAY_NAME_CHARS};
+use crate::domain::{check_text, Rejection, MAX_DISPLAY_NAME_CHARS};
+use crate::store::{BanOp, WriteOp};
+use crate::writer::WriteFailure;
 
 fn string_field<'a>(fields: &'a Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
     fields.get(name).and_then(Value::as_str).ok_or_else(|| ApiError::bad_request(format!("missing field `{name}`")))
@@ -79,6 +82,32 @@ async fn bump_epoch(state: web::Data<AppState>, req: HttpRequest) -> Result<Http
     Ok(HttpResponse::Ok().json(json!({ "conv_id": conv.as_str(), "epoch": epoch })))
 }
 
+/// Bans (`banned`) or unbans a group through its writer, like any write, so
+/// the status changes under the row lock every write checks it under →
+/// `{"conv_id","status","changed","seq"}`; 404 for an unknown conversation,
+/// 403 for a direct one, 410 for a dismissed group.
+async fn set_banned(state: &AppState, req: &HttpRequest, banned: bool) -> Result<HttpResponse, ApiError> {
+    auth::admin(state, req)?;
+    let conv = ConvId::parse(req.match_info().get("conv_id").unwrap_or_default())?;
+    let written = match state.write(conv.clone(), WriteOp::Ban(BanOp { banned })).await {
+        // The writer answers a missing conversation as it does a stranger; the operator may know.
+        Err(WriteFailure::Rejected(Rejection::NotMember)) => Err(Rejection::NotFound("conversation".into()).into()),
+        other => other,
+    }?;
+    let mut reply = written_json(&written);
+    reply["conv_id"] = json!(conv.as_str());
+    reply["status"] = json!(if banned { "banned" } else { "active" });
+    Ok(HttpResponse::Ok().json(reply))
+}
+
+async fn ban(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    set_banned(&state, &req, true).await
+}
+
+async fn unban(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    set_banned(&state, &req, false).await
+}
+
 /// Runs the retention purge now → `{"conversations","events_purged","tombstones_written"}`.
 async fn run_retention(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     auth::admin(&state, &req)?;
@@ -96,5 +125,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/v1/admin/users", vec![(Method::POST, web::to(create_user))]))
         .service(resource("/v1/admin/users/{user_id}/devices", vec![(Method::POST, web::to(issue_device))]))
         .service(resource("/v1/admin/conversations/{conv_id}/epoch", vec![(Method::POST, web::to(bump_epoch))]))
+        .service(resource("/v1/admin/conversations/{conv_id}/ban", vec![(Method::POST, web::to(ban))]))
+        .service(resource("/v1/admin/conversations/{conv_id}/unban", vec![(Method::POST, web::to(unban))]))
         .service(resource("/v1/admin/retention/run", vec![(Method::POST, web::to(run_retention))]));
 }

@@ -139,7 +139,7 @@ pub fn parse_applications(f: &Fields<'_>) -> Result<(Option<UserId>, i64), ApiEr
     Ok((after, f.int_in("limit", 1, MEMBERS_MAX_LIMIT)?.unwrap_or(MEMBERS_DEFAULT_LIMIT)))
 }
 
-/// The result object of a group op or recall (PROTOCOL §5 table).
+/// The result object of a group op or recall (PROTOCOL §5 table), or of a ban.
 pub fn written_json(written: &Written) -> Value {
     match written {
         Written::Joined { seq } | Written::Left { seq } | Written::Changed { seq } => json!({ "seq": seq }),
@@ -149,7 +149,7 @@ pub fn written_json(written: &Written) -> Value {
         Written::Pending => json!({"pending": true}),
         Written::Rejected => json!({}),
         Written::Recalled(ack) | Written::Edited(ack) => json!({"seq": ack.seq, "dup": ack.dup}),
-        Written::Reacted { seq } => json!({"changed": seq.is_some(), "seq": seq}),
+        Written::Reacted { seq } | Written::Status { seq } => json!({"changed": seq.is_some(), "seq": seq}),
         Written::Sent(ack) => json!({ "seq": ack.seq }),
     }
 }

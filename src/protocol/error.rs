@@ -14,6 +14,7 @@ pub enum ErrorCode {
     Muted,
     Blocked,
     ConvDismissed,
+    ConvBanned,
     AlreadyMember,
     AlreadyExists,
     GroupFull,
@@ -36,7 +37,11 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::Forbidden | ErrorCode::NotMember | ErrorCode::Muted | ErrorCode::Blocked => 403,
+            ErrorCode::Forbidden
+            | ErrorCode::NotMember
+            | ErrorCode::Muted
+            | ErrorCode::Blocked
+            | ErrorCode::ConvBanned => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::ConvDismissed => 410,
             ErrorCode::AlreadyMember
@@ -82,6 +87,7 @@ impl From<&Rejection> for WireError {
             Rejection::Forbidden(_) => ErrorCode::Forbidden,
             Rejection::Muted => ErrorCode::Muted,
             Rejection::ConvDismissed => ErrorCode::ConvDismissed,
+            Rejection::ConvBanned => ErrorCode::ConvBanned,
             Rejection::AlreadyMember => ErrorCode::AlreadyMember,
             Rejection::GroupFull => ErrorCode::GroupFull,
             Rejection::IdempotencyMismatch => ErrorCode::IdempotencyMismatch,
@@ -120,5 +126,7 @@ mod tests {
         assert_eq!(serde_json::to_value(ErrorCode::IdempotencyKeyExpired).expect("json"), "IDEMPOTENCY_KEY_EXPIRED");
         assert_eq!(serde_json::to_value(WireError::from(&Rejection::Blocked)).expect("json")["code"], "BLOCKED");
         assert_eq!(ErrorCode::Blocked.http_status(), 403);
+        assert_eq!(serde_json::to_value(WireError::from(&Rejection::ConvBanned)).expect("json")["code"], "CONV_BANNED");
+        assert_eq!(ErrorCode::ConvBanned.http_status(), 403);
     }
 }

@@ -39,8 +39,9 @@ struct WireEvent<'a> {
     target_seq: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     subject_user: Option<&'a str>,
+    /// Of `join`, `leave` and `group`; null on a `group` event of the operator's.
     #[serde(skip_serializing_if = "Option::is_none")]
-    actor: Option<&'a str>,
+    actor: Option<Option<&'a str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -129,15 +130,15 @@ fn wire_event(e: &Event) -> WireEvent<'_> {
         }
         EventKind::Join { subject, actor } => {
             w.subject_user = Some(subject.as_str());
-            w.actor = Some(actor.as_str());
+            w.actor = Some(Some(actor.as_str()));
         }
         EventKind::Leave { subject, actor, reason } => {
             w.subject_user = Some(subject.as_str());
-            w.actor = Some(actor.as_str());
+            w.actor = Some(Some(actor.as_str()));
             w.reason = Some(reason.as_str());
         }
         EventKind::Group { actor, change } => {
-            w.actor = Some(actor.as_str());
+            w.actor = Some(actor.as_ref().map(UserId::as_str));
             w.change = raw(change);
         }
     }
@@ -282,7 +283,7 @@ pub fn conversation_json(c: &ConversationInfo) -> Value {
         "max_member": c.max_member,
         "member_count": c.member_count,
         "mute_all": c.mute_all,
-        "status": if c.dismissed { "dismissed" } else { "active" },
+        "status": c.status.as_str(),
         "head": c.head,
         "min_seq": c.min_seq,
         "epoch": c.epoch,

@@ -9,18 +9,20 @@ use tokio_postgres::types::Type;
 use super::{Store, StoreError};
 
 /// Ever a member (periods are never deleted, so once true it stays true);
-/// for a `join`, also whether the conversation is a group anyone may join
-/// or apply to, whose existence is no secret.
+/// for a `join`, also whether the conversation is an active group anyone may
+/// join or apply to, whose existence is no secret (one dismissed or banned
+/// answers as a missing one: a stranger learns no status, PROTOCOL §2).
 const ACCESS: &str = "
 SELECT EXISTS (SELECT 1 FROM membership_periods WHERE conv_id = $1 AND user_id = $2),
-       $3 AND EXISTS (SELECT 1 FROM conversations WHERE conv_id = $1 AND kind = 'group' AND join_mode <> 'invite')";
+       $3 AND EXISTS (SELECT 1 FROM conversations WHERE conv_id = $1 AND kind = 'group' AND join_mode <> 'invite'
+                         AND status = 'active')";
 
 /// What the gate learnt of a (conversation, user) pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {
     /// The user has (or had) a membership period: its writes may go on.
     pub ever_member: bool,
-    /// Asked only for a `join`: the conversation is a group open to joins.
+    /// Asked only for a `join`: the conversation is an active group open to joins.
     pub joinable: bool,
 }
 

@@ -11,7 +11,7 @@ use tokio_postgres::{GenericClient, Row};
 use super::error::decoded;
 use super::write::{apply_ops, JoinOp, WriteOp};
 use super::{Store, StoreError};
-use crate::domain::{DeliveryMode, Event, JoinMode, Rejection, Role};
+use crate::domain::{ConvStatus, DeliveryMode, Event, JoinMode, Rejection, Role};
 
 #[derive(Debug, Clone)]
 pub enum CreateConversation {
@@ -80,7 +80,7 @@ pub struct ConversationInfo {
     pub max_member: i32,
     pub member_count: i32,
     pub mute_all: bool,
-    pub dismissed: bool,
+    pub status: ConvStatus,
     pub head: i64,
     pub min_seq: i64,
     pub epoch: i32,
@@ -119,7 +119,7 @@ pub fn direct_conv_id(a: &UserId, b: &UserId) -> Result<ConvId, StoreError> {
 
 pub(super) const CONVERSATION_COLUMNS: &str =
     "c.conv_id, c.kind, c.name, c.owner, c.delivery_mode, c.join_mode, c.max_member,
-    c.member_count, c.mute_all, c.status = 'dismissed', c.next_seq - 1, c.min_seq, c.epoch, c.recall_window_ms,
+    c.member_count, c.mute_all, c.status, c.next_seq - 1, c.min_seq, c.epoch, c.recall_window_ms,
     c.retention_ms, c.created_at, c.edit_window_ms";
 
 /// Columns of [`CONVERSATION_COLUMNS`].
@@ -146,7 +146,7 @@ pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> Result<Conversatio
         max_member: r.get(at + 6),
         member_count: r.get(at + 7),
         mute_all: r.get(at + 8),
-        dismissed: r.get(at + 9),
+        status: decoded(r.get::<_, &str>(at + 9).parse::<ConvStatus>(), "status")?,
         head: r.get(at + 10),
         min_seq: r.get(at + 11),
         epoch: r.get(at + 12),
@@ -344,8 +344,9 @@ async fn read_conversation(
         (info.max_member, info.member_count, info.mute_all) = (v.max_member, v.member_count, v.mute_all);
         (info.recall_window_ms, info.retention_ms) = (v.recall_window_ms, v.retention_ms);
         info.edit_window_ms = v.edit_window_ms.unwrap_or(info.edit_window_ms);
-        // Active when it left: a dismissal since is news from after.
-        info.dismissed = false;
+        // Active when it left (a leave is a write, refused in any other
+        // status): a dismissal or ban since is news from after.
+        info.status = ConvStatus::Active;
     }
     Ok(info)
 }

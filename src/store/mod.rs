@@ -47,8 +47,8 @@ pub use read::{MarkedRead, MemberRead, ReadsPage};
 pub use retention::PurgeReport;
 pub use sync::{ReactionCount, SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use write::{
-    Appended, BatchJob, ConvCache, EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, ReactOp,
-    RecallAck, RecallOp, Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
+    Appended, BanOp, BatchJob, ConvCache, EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch,
+    ReactOp, RecallAck, RecallOp, Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
 };
 
 pub use connection::PooledClient;

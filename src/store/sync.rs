@@ -306,7 +306,10 @@ pub(super) fn event_from_row(conv: &ConvId, r: &Row) -> Result<Event, StoreError
             actor: user(9)?,
             reason: LeaveReason::parse(r.get(10)).ok_or(StoreError::Undecodable("leave reason"))?,
         },
-        "group" => EventKind::Group { actor: user(9)?, change: r.get(12) },
+        "group" => EventKind::Group {
+            actor: decoded(r.get::<_, Option<&str>>(9).map(UserId::parse).transpose(), "event actor")?,
+            change: r.get(12),
+        },
         _ => return Err(StoreError::Undecodable("event kind")),
     };
     Ok(Event { conv_id: conv.clone(), seq, created_at: r.get(2), kind })

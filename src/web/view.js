@@ -85,6 +85,8 @@ function describeChange(event, who) {
   if (c.owner) return `${who(c.owner.to)} is now the owner`;
   if (c.alias) return `${who(c.alias.user_id)} is now called ${c.alias.alias}`;
   if (c.status === "dismissed") return `${by} dismissed the group`;
+  if (c.status === "banned") return "The group was banned by the operator";
+  if (c.status === "active") return "The operator lifted the group's ban";
   if (c.profile) return `${by} changed ${Object.keys(c.profile).join(", ")}`;
   if (c.perms) return `${by} changed the permissions of ${who(c.perms.user_id)}`;
   return `${by} changed the group`;

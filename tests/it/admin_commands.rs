@@ -11,7 +11,7 @@ use crate::server::{TestServer, ADMIN};
 
 /// Runs `imcore <args>` with the environment cleared of imcore settings but
 /// `env`; its exit success, stdout and stderr.
-async fn imcore(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+pub async fn imcore(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_imcore"));
     cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     for (key, _) in std::env::vars() {

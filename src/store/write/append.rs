@@ -139,7 +139,7 @@ impl<'a> EventColumns<'a> {
                 reason = Some(r.as_str());
             }
             EventKind::Group { actor, change: c } => {
-                act = Some(actor.as_str());
+                act = actor.as_ref().map(UserId::as_str);
                 change = Some(c.as_str());
             }
             EventKind::Recall { sender, sender_device, target_seq } => {

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::lookup::{ConvRow, RequestKey, SendAckWithHash, Target, Targets};
 use super::ops::ProfilePatch;
-use crate::domain::{DeliveryMode, Emoji, Event, EventKind, JoinMode, Role, Standing};
+use crate::domain::{ConvStatus, DeliveryMode, Emoji, Event, EventKind, JoinMode, Role, Standing};
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.
 pub(super) struct BatchBuilder {
@@ -42,7 +42,7 @@ pub(super) struct BatchBuilder {
     pub(super) now: DateTime<Utc>,
     pub(super) conv: ConvId,
     pub(super) group: bool,
-    pub(super) dismissed: bool,
+    pub(super) status: ConvStatus,
     pub(super) mute_all: bool,
     pub(super) join_mode: JoinMode,
     pub(super) max_member: i32,
@@ -96,12 +96,12 @@ pub(super) enum MemberChange {
 pub(super) struct ConvPatch {
     pub(super) settings: ProfilePatch,
     pub(super) owner: Option<UserId>,
-    pub(super) dismissed: bool,
+    pub(super) status: Option<ConvStatus>,
 }
 
 impl ConvPatch {
     pub(super) fn is_empty(&self) -> bool {
-        self.settings.is_empty() && self.owner.is_none() && !self.dismissed
+        self.settings.is_empty() && self.owner.is_none() && self.status.is_none()
     }
 }
 
@@ -125,7 +125,7 @@ impl BatchBuilder {
             now: row.now,
             conv: conv.clone(),
             group: row.group,
-            dismissed: row.dismissed,
+            status: row.status,
             mute_all: row.mute_all,
             join_mode: row.join_mode,
             max_member: row.max_member,

@@ -43,9 +43,7 @@ impl BatchBuilder {
                 Rejection::IdempotencyMismatch
             });
         }
-        if self.dismissed {
-            return Err(Rejection::ConvDismissed);
-        }
+        self.status.writable()?;
         let member = members.get(&op.sender).ok_or(Rejection::NotMember)?;
         if member.muted(self.mute_all, self.now) {
             return Err(Rejection::Muted);

@@ -1,8 +1,9 @@
-//! The group ops of PROTOCOL §5, checked in the order written there: the
-//! caller is a current member (`NOT_MEMBER`, also for an unknown
-//! conversation) → the conversation is a group (`FORBIDDEN`) → it is active
-//! (`CONV_DISMISSED`) → the permission bit (`FORBIDDEN`) → the target is a
-//! current member (`NOT_FOUND`) → the role rules (`FORBIDDEN`). Membership
+//! The group ops of PROTOCOL §5, checked in the one order of PROTOCOL §2
+//! "Check order" (the stranger gate turned away whoever was never a member):
+//! the conversation is active (`CONV_DISMISSED`, `CONV_BANNED`) → the caller
+//! is a current member (`NOT_MEMBER`, also for an unknown conversation) → it
+//! is a group (`FORBIDDEN`) → the permission bit (`FORBIDDEN`) → the target
+//! is a current member (`NOT_FOUND`) → the role rules (`FORBIDDEN`). Membership
 //! ops are in `membership`; here are the dispatch and the ops that change
 //! where a member stands or the group's settings, each appending one `group`
 //! event whose `change` names what changed.
@@ -15,7 +16,7 @@ use serde_json::{json, Map, Value};
 use super::batch::{BatchBuilder, MemberChange};
 use super::ops::{GroupChange, GroupOp, ProfilePatch, WriteOutcome, Written};
 use super::Roster;
-use crate::domain::{format_time, EventKind, Permission, Rejection, Role, Standing, DISMISSED_CHANGE};
+use crate::domain::{format_time, ConvStatus, EventKind, Permission, Rejection, Role, Standing, DISMISSED_CHANGE};
 
 impl BatchBuilder {
     /// `blockers`: (blocker, blocked) pairs among the invitees and inviters.
@@ -42,12 +43,11 @@ impl BatchBuilder {
         applications: &HashSet<UserId>,
         members: &mut Roster,
     ) -> WriteOutcome {
+        // Before the roster: a dismissed group keeps its members' rows, yet none of them is a member.
+        self.status.writable()?;
         let standing = members.get(&op.actor).cloned().ok_or(Rejection::NotMember)?;
         if !self.group {
             return Err(Rejection::Forbidden("group ops do not apply to a direct conversation".into()));
-        }
-        if self.dismissed {
-            return Err(Rejection::ConvDismissed);
         }
         let caller = (&op.actor, &standing);
         match &op.change {
@@ -97,11 +97,11 @@ impl BatchBuilder {
             GroupChange::Update(patch) => self.update(&op.actor, &standing, patch),
             GroupChange::Dismiss => {
                 self.require(&standing, Permission::Dismiss, "only the owner dismisses the group")?;
-                let seq = self.append(EventKind::Group { actor: op.actor.clone(), change: DISMISSED_CHANGE.into() });
+                let seq =
+                    self.append(EventKind::Group { actor: Some(op.actor.clone()), change: DISMISSED_CHANGE.into() });
                 self.member_changes.push(MemberChange::CloseAll { seq });
                 self.membership_changes += 1;
-                self.dismissed = true;
-                self.profile.dismissed = true;
+                (self.status, self.profile.status) = (ConvStatus::Dismissed, Some(ConvStatus::Dismissed));
                 Ok(Written::Changed { seq })
             }
         }
@@ -121,7 +121,8 @@ impl BatchBuilder {
 
     /// Appends a `group` event of `actor` with `change`.
     fn changed(&mut self, actor: &UserId, change: Value) -> Written {
-        Written::Changed { seq: self.append(EventKind::Group { actor: actor.clone(), change: change.to_string() }) }
+        let change = change.to_string();
+        Written::Changed { seq: self.append(EventKind::Group { actor: Some(actor.clone()), change }) }
     }
 
     /// `user` now stands as `standing`: its row, the cache and the event.
@@ -223,7 +224,7 @@ mod tests {
     use super::super::lookup::ConvRow;
     use super::super::ops::{GroupChange, GroupOp, Invited, ProfilePatch, Written};
     use super::super::Roster;
-    use crate::domain::{DeliveryMode, JoinMode, Rejection, Role, Standing};
+    use crate::domain::{ConvStatus, DeliveryMode, JoinMode, Rejection, Role, Standing};
 
     fn uid(s: &str) -> UserId {
         UserId::parse(s).expect("id")
@@ -233,7 +234,7 @@ mod tests {
     fn arrange(join_mode: JoinMode) -> (BatchBuilder, Roster) {
         let row = ConvRow {
             group: true,
-            dismissed: false,
+            status: ConvStatus::Active,
             next_seq: 5,
             member_version: 1,
             member_count: 4,

@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
 use super::prepared::Conn;
 use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
-use crate::domain::{DeliveryMode, Emoji, JoinMode, Role, Standing};
+use crate::domain::{ConvStatus, DeliveryMode, Emoji, JoinMode, Role, Standing};
 use crate::store::error::decoded;
 use crate::store::StoreError;
 
@@ -19,7 +19,7 @@ use crate::store::StoreError;
 pub(super) struct ConvRow {
     /// A group, not a direct conversation.
     pub(super) group: bool,
-    pub(super) dismissed: bool,
+    pub(super) status: ConvStatus,
     pub(super) next_seq: i64,
     pub(super) member_version: i64,
     pub(super) member_count: i32,
@@ -75,7 +75,7 @@ async fn lock_conversations(
         .map(|r| {
             let conv = decoded(ConvId::parse(r.get(0)), "conversations.conv_id")?;
             let row = ConvRow {
-                dismissed: r.get(1),
+                status: decoded(r.get::<_, &str>(1).parse(), "conversations.status")?,
                 next_seq: r.get(2),
                 member_version: r.get(3),
                 member_count: r.get(4),

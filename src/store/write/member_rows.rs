@@ -7,6 +7,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use super::batch::{ConvPatch, MemberChange};
+use crate::domain::ConvStatus;
 use crate::store::StoreError;
 
 const OPEN_PERIODS: &str = "
@@ -145,7 +146,7 @@ pub(super) async fn write_conv_patch(tx: &Client, conv: &ConvId, patch: &ConvPat
                 mute_all = coalesce($6, mute_all), delivery_mode = coalesce($7, delivery_mode),
                 recall_window_ms = coalesce($8, recall_window_ms),
                 retention_ms = CASE WHEN $9 THEN $10 ELSE retention_ms END,
-                status = CASE WHEN $11 THEN 'dismissed' ELSE status END,
+                status = coalesce($11, status),
                 edit_window_ms = coalesce($12, edit_window_ms)
           WHERE conv_id = $1",
         &[
@@ -159,7 +160,7 @@ pub(super) async fn write_conv_patch(tx: &Client, conv: &ConvId, patch: &ConvPat
             (&s.recall_window_ms, Type::INT8),
             (&set_retention, Type::BOOL),
             (&retention, Type::INT8),
-            (&patch.dismissed, Type::BOOL),
+            (&patch.status.map(ConvStatus::as_str), Type::TEXT),
             (&s.edit_window_ms, Type::INT8),
         ],
     )

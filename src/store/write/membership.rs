@@ -14,9 +14,7 @@ use crate::domain::{EventKind, JoinMode, LeaveReason, Permission, Rejection, Rol
 
 impl BatchBuilder {
     pub(super) fn join(&mut self, op: &JoinOp, known_users: &HashSet<UserId>, members: &mut Roster) -> WriteOutcome {
-        if self.dismissed {
-            return Err(Rejection::ConvDismissed);
-        }
+        self.status.writable()?;
         if !known_users.contains(&op.user) {
             return Err(Rejection::NotFound("user".into()));
         }
@@ -86,19 +84,22 @@ impl BatchBuilder {
 
     /// `join` of the caller: anyone, in a `free` group; an application in an
     /// `approval` group. An `invite` group, or a direct conversation, answers
-    /// as an unknown one (`NOT_MEMBER`): no existence leak.
+    /// as an unknown one (`NOT_MEMBER`): no existence leak. A dismissed or
+    /// banned group says so (before the roster: a dismissed group keeps its
+    /// members' rows, yet none of them is a member).
     pub(super) fn self_join(
         &mut self,
         user: &UserId,
         applications: &HashSet<UserId>,
         members: &mut Roster,
     ) -> WriteOutcome {
+        // First, as for every group op (PROTOCOL §2 "Check order"): only one
+        // who was ever a member, or a stranger in a race with a dismissal or a
+        // ban (the gate lets a stranger's join through to active groups only),
+        // gets here with a group that is not active.
+        self.status.writable()?;
         if !self.group || self.join_mode == JoinMode::Invite {
             return Err(Rejection::NotMember);
-        }
-        // Before the roster: a dismissed group keeps its members' rows, yet none of them is a member.
-        if self.dismissed {
-            return Err(Rejection::ConvDismissed);
         }
         if members.contains_key(user) {
             return Err(Rejection::AlreadyMember);

@@ -13,8 +13,8 @@
 //! * `ops` — the write requests and their outcomes.
 //! * `lookup` — the reads under the lock: rows, request keys, standings, users.
 //! * `batch` — the batch being built (pure: unit-tested without a database);
-//!   `send`, `membership`, `group`, `recall`, `edit` and `react` hold the
-//!   rules of each op.
+//!   `send`, `membership`, `group`, `status`, `recall`, `edit` and `react`
+//!   hold the rules of each op.
 //! * `member_rows` — the SQL of membership and settings changes.
 //! * `append` — the one INSERT of every event and the row updates.
 //! * `txn` — BEGIN and COMMIT, sent along with the statements next to them.
@@ -35,6 +35,7 @@ mod prepared;
 mod react;
 mod recall;
 mod send;
+mod status;
 mod txn;
 
 use std::collections::{HashMap, HashSet};
@@ -51,7 +52,7 @@ use lookup::{lock_and_read, read_standings, settle_standings, ConvRow, LockMode,
 use member_rows::{write_conv_patch, write_member_changes};
 pub(super) use merged::Share;
 pub use ops::{
-    EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, ReactOp, RecallAck, RecallOp, SendAck,
+    BanOp, EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch, ReactOp, RecallAck, RecallOp, SendAck,
     SendOp, WriteOp, WriteOutcome, Written,
 };
 use prepared::Conn;
@@ -350,6 +351,7 @@ async fn apply_batches(
                 WriteOp::Recall(r) => b.recall(r, targets, &cache.roster),
                 WriteOp::Edit(e) => b.edit(e, &prior, targets, &cache.roster),
                 WriteOp::React(r) => b.react(r, targets, reactions, &cache.roster),
+                WriteOp::Ban(op) => b.ban(op),
             };
             outcomes.push(outcome);
         }

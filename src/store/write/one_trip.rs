@@ -178,7 +178,7 @@ mod tests {
     use super::super::ops::{LeaveOp, SendOp, WriteOp};
     use super::super::{BatchJob, ConvCache, Roster};
     use super::plan;
-    use crate::domain::{Body, DeliveryMode, JoinMode, LeaveReason, Role, Standing};
+    use crate::domain::{Body, ConvStatus, DeliveryMode, JoinMode, LeaveReason, Role, Standing};
 
     fn uid(s: &str) -> UserId {
         UserId::parse(s).expect("id")
@@ -197,7 +197,7 @@ mod tests {
     fn job(mute_all: bool, roster: &[(&str, Standing)], ops: Vec<WriteOp>) -> BatchJob {
         let row = ConvRow {
             group: true,
-            dismissed: false,
+            status: ConvStatus::Active,
             next_seq: 10,
             member_version: 3,
             member_count: 3,

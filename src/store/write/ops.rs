@@ -25,20 +25,23 @@ pub enum WriteOp {
     Recall(RecallOp),
     Edit(EditOp),
     React(ReactOp),
+    /// The operator bans or unbans a group (the admin endpoint, not a user).
+    Ban(BanOp),
 }
 
 impl WriteOp {
     /// Who asks: the sender or editor, the user joined or left, the caller of a
-    /// group op, recall or reaction.
-    pub fn caller(&self) -> &UserId {
+    /// group op, recall or reaction; `None`: the operator.
+    pub fn caller(&self) -> Option<&UserId> {
         match self {
-            WriteOp::Send(s) => &s.sender,
-            WriteOp::Edit(e) => &e.sender,
-            WriteOp::React(r) => &r.actor,
-            WriteOp::Join(j) => &j.user,
-            WriteOp::Leave(l) => &l.user,
-            WriteOp::Recall(r) => &r.actor,
-            WriteOp::Group(g) => &g.actor,
+            WriteOp::Send(s) => Some(&s.sender),
+            WriteOp::Edit(e) => Some(&e.sender),
+            WriteOp::React(r) => Some(&r.actor),
+            WriteOp::Join(j) => Some(&j.user),
+            WriteOp::Leave(l) => Some(&l.user),
+            WriteOp::Recall(r) => Some(&r.actor),
+            WriteOp::Group(g) => Some(&g.actor),
+            WriteOp::Ban(_) => None,
         }
     }
 
@@ -46,33 +49,31 @@ impl WriteOp {
     /// the caller, and the users it names. No allocation: it runs for every
     /// op of every batch.
     pub fn users(&self) -> impl Iterator<Item = &UserId> {
-        let (caller, named): (&UserId, &[UserId]) = match self {
-            WriteOp::Send(s) => (&s.sender, s.mentions.as_slice()),
-            WriteOp::Edit(e) => (&e.sender, &[]),
-            WriteOp::React(r) => (&r.actor, &[]),
-            WriteOp::Join(j) => (&j.user, &[]),
-            WriteOp::Leave(l) => (&l.user, &[]),
-            WriteOp::Recall(r) => (&r.actor, &[]),
-            WriteOp::Group(GroupOp { actor, change }) => (
-                actor,
-                match change {
-                    GroupChange::Invite(named) => named.as_slice(),
-                    GroupChange::Approve(u)
-                    | GroupChange::Reject(u)
-                    | GroupChange::Kick(u)
-                    | GroupChange::TransferOwner(u)
-                    | GroupChange::SetRole { user: u, .. }
-                    | GroupChange::SetPerms { user: u, .. }
-                    | GroupChange::Mute { user: u, .. } => std::slice::from_ref(u),
-                    GroupChange::Join
-                    | GroupChange::Leave
-                    | GroupChange::SetAlias(_)
-                    | GroupChange::Update(_)
-                    | GroupChange::Dismiss => &[],
-                },
-            ),
+        let named: &[UserId] = match self {
+            WriteOp::Send(s) => s.mentions.as_slice(),
+            WriteOp::Edit(_)
+            | WriteOp::React(_)
+            | WriteOp::Join(_)
+            | WriteOp::Leave(_)
+            | WriteOp::Recall(_)
+            | WriteOp::Ban(_) => &[],
+            WriteOp::Group(GroupOp { change, .. }) => match change {
+                GroupChange::Invite(named) => named.as_slice(),
+                GroupChange::Approve(u)
+                | GroupChange::Reject(u)
+                | GroupChange::Kick(u)
+                | GroupChange::TransferOwner(u)
+                | GroupChange::SetRole { user: u, .. }
+                | GroupChange::SetPerms { user: u, .. }
+                | GroupChange::Mute { user: u, .. } => std::slice::from_ref(u),
+                GroupChange::Join
+                | GroupChange::Leave
+                | GroupChange::SetAlias(_)
+                | GroupChange::Update(_)
+                | GroupChange::Dismiss => &[],
+            },
         };
-        std::iter::once(caller).chain(named)
+        self.caller().into_iter().chain(named)
     }
 }
 
@@ -153,6 +154,12 @@ pub struct RecallOp {
     pub actor: UserId,
     pub device: DeviceId,
     pub target_seq: i64,
+}
+
+/// The operator's ban (`banned`) or unban of a group (PROTOCOL "Banned groups").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BanOp {
+    pub banned: bool,
 }
 
 /// `actor` (the caller) asks for `change`.
@@ -269,6 +276,11 @@ pub enum Written {
     Pending,
     /// An application rejected; no event.
     Rejected,
+    /// A ban or unban: the seq of its `group` event, `None` when the group
+    /// already stood so and nothing was appended.
+    Status {
+        seq: Option<i64>,
+    },
 }
 
 /// `recall`'s answer: the seq of the `recall` event, the first one's on a repeat.

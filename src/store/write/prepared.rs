@@ -13,7 +13,7 @@ use tokio_postgres::{Client, Error, Statement};
 macro_rules! lock_conversations_sql {
     ($wait:literal) => {
         concat!(
-            "SELECT conv_id, status = 'dismissed', next_seq, member_version, member_count, max_member, mute_all, ",
+            "SELECT conv_id, status, next_seq, member_version, member_count, max_member, mute_all, ",
             "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms, ",
             "retention_ms, name, owner, edit_window_ms FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
@@ -119,7 +119,7 @@ conv AS (
             FROM conversations WHERE conv_id = $16 FOR NO KEY UPDATE",
             $lock,
             ") c
-   WHERE c.next_seq = $17 AND c.member_version = $19 AND c.status <> 'dismissed'
+   WHERE c.next_seq = $17 AND c.member_version = $19 AND c.status = 'active'
      AND c.mute_all = $20 AND c.join_mode = $21 AND c.delivery_mode = $22
      AND ($23::timestamptz IS NULL OR date_trunc('milliseconds', now()) >= $23)
      AND ($24::timestamptz IS NULL OR date_trunc('milliseconds', now()) < $24)

@@ -22,9 +22,7 @@ impl BatchBuilder {
         read: &ReactionState,
         members: &Roster,
     ) -> WriteOutcome {
-        if self.dismissed {
-            return Err(Rejection::ConvDismissed);
-        }
+        self.status.writable()?;
         let member = members.get(&op.actor).ok_or(Rejection::NotMember)?;
         if member.muted(self.mute_all, self.now) {
             return Err(Rejection::Muted);

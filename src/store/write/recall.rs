@@ -16,9 +16,7 @@ impl BatchBuilder {
     /// Checks: active → caller is a member → the target is a `msg` it can
     /// see (`NOT_FOUND`) → already recalled (`dup`) → the caller's right.
     pub(super) fn recall(&mut self, op: &RecallOp, targets: &Targets, roster: &Roster) -> WriteOutcome {
-        if self.dismissed {
-            return Err(Rejection::ConvDismissed);
-        }
+        self.status.writable()?;
         let standing = roster.get(&op.actor).ok_or(Rejection::NotMember)?;
         let target = self.message(&op.actor, op.target_seq, targets).ok_or(Rejection::NotFound("message".into()))?;
         if let Some(seq) = target.recalled_by {

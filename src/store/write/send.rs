@@ -38,9 +38,7 @@ impl BatchBuilder {
                 Rejection::IdempotencyMismatch
             });
         }
-        if self.dismissed {
-            return Err(Rejection::ConvDismissed);
-        }
+        self.status.writable()?;
         let Some(member) = members.get(&op.sender) else {
             return Err(Rejection::NotMember);
         };

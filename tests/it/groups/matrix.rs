@@ -13,7 +13,7 @@ use chrono::{SecondsFormat, Utc};
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
-use super::{http_op, server, with_self, ws_op, Via, SUITE};
+use super::{http_op, outcome, server, with_self, ws_op, Via, SUITE};
 use crate::evidence::Check;
 use crate::server::TestServer;
 
@@ -276,13 +276,14 @@ impl Rules {
         let forbidden_unless = |ok: bool| if ok { "ok" } else { "FORBIDDEN" };
         match (case.op, place) {
             ("join", Place::Invite | Place::Direct) => return "NOT_MEMBER",
-            ("join", Place::Dismissed) => return "CONV_DISMISSED",
+            // A stranger learns nothing of a dismissed group; anyone who was
+            // ever a member learns it before the roster is looked at (PROTOCOL
+            // §2 "Check order").
+            ("join", Place::Dismissed) if who == Who::NonMember => return "NOT_MEMBER",
+            (op, Place::Dismissed) if who != Who::NonMember && op != "members" => return "CONV_DISMISSED",
             ("join", _) if member => return "ALREADY_MEMBER",
             ("join", Place::Approval) => return "ok:pending",
             ("join", _) => return "ok",
-            // Anyone who was ever a member; a stranger is turned away before
-            // the conversation is looked at (no existence leak).
-            ("send", Place::Dismissed) if who != Who::NonMember => return "CONV_DISMISSED",
             (_, Place::Direct) => return "FORBIDDEN",
             _ => {}
         }
@@ -290,7 +291,7 @@ impl Rules {
             return "NOT_MEMBER";
         }
         if place == Place::Dismissed {
-            return if case.op == "members" { "ok" } else { "CONV_DISMISSED" };
+            return "ok";
         }
         match case.op {
             "send" if matches!(who, Who::Muted | Who::MutedAdmin) => "MUTED",
@@ -327,17 +328,6 @@ impl Rules {
             "dismiss" => forbidden_unless(bits & DISMISS != 0),
             other => panic!("no rule for {other}"),
         }
-    }
-}
-
-/// `Ok` as the kind of success the row tells apart, or the error code.
-fn outcome(op: &str, r: &Result<Value, String>) -> String {
-    match r {
-        Err(code) => code.clone(),
-        Ok(v) if op == "invite" && v["pending"].as_array().is_some_and(|p| !p.is_empty()) => "ok:pending".into(),
-        Ok(v) if op == "invite" && v["joined"].as_array().is_some_and(|p| !p.is_empty()) => "ok:joined".into(),
-        Ok(v) if op == "join" && v["pending"] == true => "ok:pending".into(),
-        Ok(_) => "ok".into(),
     }
 }
 

@@ -1,13 +1,16 @@
 //! Group management (PROTOCOL §5 "Membership and groups") over the real
 //! server: the permission matrix of every op and caller standing over both
-//! transports, membership changes racing sends, invites racing each other,
+//! transports, the one check order over every standing and status, banned
+//! groups, membership changes racing sends, invites racing each other,
 //! roster paging under churn, a 100,000-member group and the HTTP routes.
 //! Records go to evidence/im-02.
 
+mod banned;
 mod churn;
 mod edges;
 mod large;
 mod matrix;
+mod order;
 mod races;
 mod routes;
 
@@ -34,7 +37,7 @@ pub fn status_of(code: &str) -> u16 {
     match code {
         "BAD_REQUEST" => 400,
         "UNAUTHORIZED" => 401,
-        "FORBIDDEN" | "NOT_MEMBER" | "MUTED" => 403,
+        "FORBIDDEN" | "NOT_MEMBER" | "MUTED" | "CONV_BANNED" => 403,
         "NOT_FOUND" => 404,
         "CONV_DISMISSED" => 410,
         "ALREADY_MEMBER" | "GROUP_FULL" => 409,
@@ -51,6 +54,9 @@ pub fn route(op: &str, fields: &Value) -> (&'static str, String, Value) {
     let mut target = || body.remove("user_id").and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
     let (method, path) = match op {
         "send" => ("POST", format!("{c}/messages")),
+        "edit" => ("POST", format!("{c}/edit")),
+        "react" => ("POST", format!("{c}/react")),
+        "recall" => ("POST", format!("{c}/recall")),
         "sync" => ("GET", format!("{c}/events")),
         "invite" => ("POST", format!("{c}/members")),
         "members" => ("GET", format!("{c}/members")),
@@ -110,6 +116,17 @@ pub async fn ws_op(ws: &mut Ws, op: &str, fields: Value) -> Result<Value, String
         Ok(v)
     } else {
         Err(v["error"]["code"].as_str().unwrap_or("?").to_owned())
+    }
+}
+
+/// `Ok` as the kind of success the row tells apart, or the error code.
+pub fn outcome(op: &str, r: &Result<Value, String>) -> String {
+    match r {
+        Err(code) => code.clone(),
+        Ok(v) if op == "invite" && v["pending"].as_array().is_some_and(|p| !p.is_empty()) => "ok:pending".into(),
+        Ok(v) if op == "invite" && v["joined"].as_array().is_some_and(|p| !p.is_empty()) => "ok:joined".into(),
+        Ok(v) if op == "join" && v["pending"] == true => "ok:pending".into(),
+        Ok(_) => "ok".into(),
     }
 }
 
