@@ -121,7 +121,7 @@ fn expect(name: &str, who: Who, status: Status, one_order: bool) -> &'static str
     }
     // 1. The stranger gate: only a join of an active group open to joins goes on.
     let joinable = status == Status::Active || !one_order;
-    if !ever && !(name == "join" && joinable) {
+    if !(ever || name == "join" && joinable) {
         return "NOT_MEMBER";
     }
     // Before, a group op asked for a current member before the status.
