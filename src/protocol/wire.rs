@@ -278,6 +278,7 @@ pub fn conversation_json(c: &ConversationInfo) -> Value {
         "name": c.name,
         "owner": c.owner,
         "delivery_mode": c.delivery_mode.as_str(),
+        "delivery_setting": c.delivery_setting.as_str(),
         "join_mode": c.join_mode.as_str(),
         "max_member": c.max_member,
         "member_count": c.member_count,
