@@ -235,7 +235,10 @@ impl Store {
                     (&kind, Type::TEXT),
                     (&name, Type::TEXT),
                     (&owner, Type::TEXT),
-                    (&settings.delivery_mode.mode_at(DeliveryMode::Push, 0, self.large_groups.thresholds()).as_str(), Type::TEXT),
+                    (
+                        &settings.delivery_mode.mode_at(DeliveryMode::Push, 0, self.large_groups.thresholds()).as_str(),
+                        Type::TEXT,
+                    ),
                     (&settings.join_mode.as_str(), Type::TEXT),
                     (&settings.max_member, Type::INT4),
                     (&settings.recall_window_ms, Type::INT8),

@@ -98,7 +98,12 @@ async fn merged_on(
 }
 
 /// The merged transaction of `jobs`: lock and reads, then append.
-async fn full_path(conn: Conn<'_>, mut jobs: Vec<BatchJob>, large: LargeGroupSettings, phase: &mut Phase) -> Vec<Share> {
+async fn full_path(
+    conn: Conn<'_>,
+    mut jobs: Vec<BatchJob>,
+    large: LargeGroupSettings,
+    phase: &mut Phase,
+) -> Vec<Share> {
     let tx = WriteTx::new(conn);
     let mut reads = match lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::SkipLocked).await {
         Ok(reads) => reads,
