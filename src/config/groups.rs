@@ -11,17 +11,17 @@ use crate::domain::Thresholds;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Args)]
 pub struct LargeGroupSettings {
     /// A group in `auto` delivery switches to `pull` once it has more members than this.
-    #[arg(long, env = "IMCORE_AUTO_PULL_ABOVE_MEMBERS", default_value_t = LargeGroupSettings::default().pull_above)]
+    #[arg(long = "auto-pull-above-members", env = "IMCORE_AUTO_PULL_ABOVE_MEMBERS", default_value_t = LargeGroupSettings::default().pull_above)]
     pub pull_above: i32,
 
     /// An `auto` group in `pull` switches back to `push` once it has fewer
     /// members than this (hysteresis: keep it below the pull threshold).
-    #[arg(long, env = "IMCORE_AUTO_PUSH_BELOW_MEMBERS", default_value_t = LargeGroupSettings::default().push_below)]
+    #[arg(long = "auto-push-below-members", env = "IMCORE_AUTO_PUSH_BELOW_MEMBERS", default_value_t = LargeGroupSettings::default().push_below)]
     pub push_below: i32,
 
     /// A `push` group with more members than this pushes a batch's joins and
     /// leaves of others as one `members_changed` frame (`sync` still returns each).
-    #[arg(long, env = "IMCORE_MEMBERS_SUMMARY_ABOVE", default_value_t = LargeGroupSettings::default().summary_above)]
+    #[arg(long = "members-summary-above", env = "IMCORE_MEMBERS_SUMMARY_ABOVE", default_value_t = LargeGroupSettings::default().summary_above)]
     pub summary_above: i32,
 }
 
