@@ -16,7 +16,9 @@ use imcore_actors::hub::HubConfig;
 use crate::domain::DEFAULT_MAX_BODY_BYTES;
 
 mod bus;
+mod groups;
 pub use bus::BusSettings;
+pub use groups::LargeGroupSettings;
 
 /// How sends reach PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -139,7 +141,7 @@ impl Config {
     }
 }
 
-/// The database connection pool.
+/// The database connection pool, and the sizes the write transaction judges groups by.
 #[derive(Debug, Clone, Args)]
 pub struct StoreSettings {
     /// Database connections in the pool.
@@ -149,11 +151,14 @@ pub struct StoreSettings {
     /// A request waiting this many ms for a pooled connection fails.
     #[arg(long, env = "IMCORE_POOL_TIMEOUT_MS", default_value_t = StoreSettings::default().pool_timeout_ms)]
     pub pool_timeout_ms: u64,
+
+    #[command(flatten)]
+    pub large_groups: LargeGroupSettings,
 }
 
 impl Default for StoreSettings {
     fn default() -> Self {
-        Self { pool_size: 16, pool_timeout_ms: 10_000 }
+        Self { pool_size: 16, pool_timeout_ms: 10_000, large_groups: LargeGroupSettings::default() }
     }
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::presence::{Batch, Loaded, Presence, Step};
 use super::Routes;
 use crate::domain::{DeliveryMode, Event, EventKind};
-use crate::protocol::{encode_event, push_encoded_events};
+use crate::protocol::{encode_event, push_encoded_events, push_members_changed};
 use crate::store::{Appended, Membership};
 
 /// A committed batch, shared by the lanes.
@@ -245,7 +245,48 @@ impl Lane {
             return;
         }
         for (indices, users) in groups {
-            self.send_events(job, &indices, &users);
+            if a.members_summary {
+                self.send_summary(job, &indices, &users);
+            } else {
+                self.send_events(job, &indices, &users);
+            }
+        }
+    }
+
+    /// [`Self::send_events`] for a `push` group past the summary size: the
+    /// `join`s and `leave`s of others become two counts of one
+    /// `members_changed` frame, which carries the rest as events (a user's
+    /// own `join` or `leave` among them); `sync` still returns every one.
+    /// Devices whose rest is the same share one frame.
+    fn send_summary(&self, job: &Job, indices: &[usize], users: &[UserId]) {
+        let (conv, events) = (job.appended.conv_id.as_str(), &job.appended.events);
+        let (Some(&first), Some(&last)) = (indices.first(), indices.last()) else { return };
+        let span = (events[first].seq, events[last].seq);
+        let mut frames: HashMap<Vec<usize>, Arc<str>> = HashMap::new();
+        for user in users {
+            for (device, route) in self.routes.routes_of(user) {
+                let (mut rest, mut counts) = (Vec::new(), (0, 0));
+                for &i in indices {
+                    match &events[i].kind {
+                        EventKind::Join { subject, .. } if subject != user => counts.0 += 1,
+                        EventKind::Leave { subject, .. } if subject != user => counts.1 += 1,
+                        EventKind::Msg { sender, sender_device, .. } if sender == user && *sender_device == device => {}
+                        _ => rest.push(i),
+                    }
+                }
+                if counts == (0, 0) && rest.is_empty() {
+                    continue;
+                }
+                let frame = frames.entry(rest).or_insert_with_key(|rest| {
+                    let encoded = job.encoded.get_or_init(|| events.iter().map(encode_event).collect());
+                    let rest: Vec<&str> = rest.iter().map(|&i| encoded[i].as_str()).collect();
+                    match counts {
+                        (0, 0) => Arc::from(push_encoded_events(conv, &rest)),
+                        _ => Arc::from(push_members_changed(conv, span, counts, &rest)),
+                    }
+                });
+                route.recipient.send(frame.clone());
+            }
         }
     }
 

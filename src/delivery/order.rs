@@ -167,7 +167,13 @@ mod tests {
                 kind: EventKind::Group { actor: UserId::parse("ann").ok(), change: "{}".into() },
             })
             .collect();
-        let appended = Appended { conv_id: conv, events, head: *seqs.end(), delivery_mode: DeliveryMode::Push };
+        let appended = Appended {
+            conv_id: conv,
+            events,
+            head: *seqs.end(),
+            delivery_mode: DeliveryMode::Push,
+            members_summary: false,
+        };
         Arc::new(Job::new(appended))
     }
 

@@ -3,6 +3,7 @@
 //! a request can meet.
 
 mod body;
+mod delivery;
 mod emoji;
 mod event;
 mod group;
@@ -11,6 +12,7 @@ mod text;
 mod time;
 
 pub use body::{Body, BodyError, DEFAULT_MAX_BODY_BYTES, ERASED_FINGERPRINT};
+pub use delivery::{DeliverySetting, Thresholds};
 pub use emoji::{Emoji, EmojiError, MAX_EMOJI_BYTES, MAX_EMOJI_PER_MESSAGE};
 pub use event::{Event, EventKind, LeaveReason, BANNED_CHANGE, DISMISSED_CHANGE, UNBANNED_CHANGE};
 pub use group::{

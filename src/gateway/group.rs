@@ -11,12 +11,15 @@ use serde_json::{json, Map, Value};
 use super::error::ApiError;
 use super::fields::Fields;
 use crate::domain::{
-    check_text, format_time, DeliveryMode, JoinMode, Role, ADMIN_BITS, MAX_ALIAS_CHARS, MAX_DURATION_MS,
+    check_text, format_time, DeliverySetting, JoinMode, Role, ADMIN_BITS, MAX_ALIAS_CHARS, MAX_DURATION_MS,
     MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE, MAX_INVITE_USERS,
 };
 use crate::store::{
     ApplicationPage, GroupChange, Invited, MemberPage, ProfilePatch, Written, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT,
 };
+
+/// The refusal of a `delivery_mode` that is none of the settings.
+pub const DELIVERY_MODES: &str = "`delivery_mode` is `auto`, `push` or `pull`";
 
 /// Longest `q` of a member search.
 const MAX_QUERY_CHARS: usize = 64;
@@ -108,8 +111,8 @@ fn profile_patch(f: &Fields<'_>) -> Result<ProfilePatch, ApiError> {
     p.max_member = f.int_in("max_member", 1, MAX_GROUP_SIZE)?.map(|n| n as i32);
     p.mute_all = f.opt_bool("mute_all")?;
     if let Some(m) = f.opt_str("delivery_mode")? {
-        let mode = m.parse::<DeliveryMode>();
-        p.delivery_mode = Some(mode.map_err(|()| ApiError::bad_request("`delivery_mode` is `push` or `pull`"))?);
+        let mode = m.parse::<DeliverySetting>();
+        p.delivery_mode = Some(mode.map_err(|()| ApiError::bad_request(DELIVERY_MODES))?);
     }
     p.recall_window_ms = f.int_in("recall_window_ms", 0, MAX_DURATION_MS)?;
     p.edit_window_ms = f.int_in("edit_window_ms", 0, MAX_DURATION_MS)?;

@@ -317,6 +317,7 @@ async fn create_conversation(state: &AppState, user: &UserId, new: NewConversati
         events: created.events,
         head: info.head,
         delivery_mode: info.delivery_mode,
+        members_summary: created.members_summary,
     }))
     .await;
     Reply::new(created.created, conversation_json(&info))

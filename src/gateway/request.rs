@@ -14,7 +14,7 @@ use super::error::ApiError;
 use super::fields::Fields;
 use super::group;
 use crate::domain::{
-    check_text, Body, DeliveryMode, Emoji, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE,
+    check_text, Body, DeliverySetting, Emoji, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE,
     MAX_MENTIONS,
 };
 use crate::store::{
@@ -308,9 +308,8 @@ fn parse_new_conversation(f: &Fields<'_>) -> Result<NewConversation, ApiError> {
             check_text("name", name, MAX_GROUP_NAME_CHARS).map_err(|e| ApiError::bad_request(e.to_string()))?;
             let mut settings = GroupSettings::default();
             if let Some(m) = f.opt_str("delivery_mode")? {
-                settings.delivery_mode = m
-                    .parse::<DeliveryMode>()
-                    .map_err(|()| ApiError::bad_request("`delivery_mode` is `push` or `pull`"))?;
+                settings.delivery_mode =
+                    m.parse::<DeliverySetting>().map_err(|()| ApiError::bad_request(group::DELIVERY_MODES))?;
             }
             if let Some(m) = f.opt_str("join_mode")? {
                 settings.join_mode = m

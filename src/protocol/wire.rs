@@ -180,6 +180,22 @@ pub fn push_encoded_events(conv_id: &str, events: &[&str]) -> String {
     frame
 }
 
+/// `members_changed` (PROTOCOL "Large groups"): of the seqs `from_seq..=head`,
+/// the `join`s and `leave`s of others as two counts, and the encoded events
+/// (ascending) this device still gets one by one.
+pub fn push_members_changed(
+    conv_id: &str,
+    (from_seq, head): (i64, i64),
+    (joined, left): (usize, usize),
+    events: &[&str],
+) -> String {
+    let counts = json!({"push": "members_changed", "conv_id": conv_id, "from_seq": from_seq, "head": head,
+                        "joined": joined, "left": left})
+    .to_string();
+    let open = counts.strip_suffix('}').unwrap_or(&counts);
+    format!(r#"{open},"events":[{}]}}"#, events.join(","))
+}
+
 pub fn push_head(conv_id: &str, head: i64) -> String {
     json!({"push": "head", "conv_id": conv_id, "head": head}).to_string()
 }
@@ -279,6 +295,7 @@ pub fn conversation_json(c: &ConversationInfo) -> Value {
         "name": c.name,
         "owner": c.owner,
         "delivery_mode": c.delivery_mode.as_str(),
+        "delivery_setting": c.delivery_setting.as_str(),
         "join_mode": c.join_mode.as_str(),
         "max_member": c.max_member,
         "member_count": c.member_count,

@@ -11,7 +11,7 @@ use tokio_postgres::{GenericClient, Row};
 use super::error::decoded;
 use super::write::{apply_ops, JoinOp, WriteOp};
 use super::{Store, StoreError};
-use crate::domain::{ConvStatus, DeliveryMode, Event, JoinMode, Rejection, Role};
+use crate::domain::{ConvStatus, DeliveryMode, DeliverySetting, Event, JoinMode, Rejection, Role};
 
 #[derive(Debug, Clone)]
 pub enum CreateConversation {
@@ -43,7 +43,7 @@ impl CreateConversation {
 
 #[derive(Debug, Clone)]
 pub struct GroupSettings {
-    pub delivery_mode: DeliveryMode,
+    pub delivery_mode: DeliverySetting,
     pub join_mode: JoinMode,
     pub max_member: i32,
     pub recall_window_ms: i64,
@@ -55,7 +55,7 @@ impl Default for GroupSettings {
     /// PROTOCOL §5 defaults.
     fn default() -> Self {
         Self {
-            delivery_mode: DeliveryMode::Push,
+            delivery_mode: DeliverySetting::Auto,
             join_mode: JoinMode::Invite,
             max_member: 500,
             recall_window_ms: 120_000,
@@ -75,7 +75,10 @@ pub struct ConversationInfo {
     pub kind: &'static str,
     pub name: Option<String>,
     pub owner: Option<String>,
+    /// What it delivers in now.
     pub delivery_mode: DeliveryMode,
+    /// What its admins chose (`auto` follows the member count).
+    pub delivery_setting: DeliverySetting,
     pub join_mode: JoinMode,
     pub max_member: i32,
     pub member_count: i32,
@@ -97,6 +100,8 @@ pub struct CreatedConversation {
     pub created: bool,
     /// The `join` events written, for delivery.
     pub events: Vec<Event>,
+    /// Whether delivery sums up the joins of others (`Appended::members_summary`).
+    pub members_summary: bool,
 }
 
 /// Prefix of direct conversation ids; refused for client-chosen group ids.
@@ -120,10 +125,10 @@ pub fn direct_conv_id(a: &UserId, b: &UserId) -> Result<ConvId, StoreError> {
 pub(super) const CONVERSATION_COLUMNS: &str =
     "c.conv_id, c.kind, c.name, c.owner, c.delivery_mode, c.join_mode, c.max_member,
     c.member_count, c.mute_all, c.status, c.next_seq - 1, c.min_seq, c.epoch, c.recall_window_ms,
-    c.retention_ms, c.created_at, c.edit_window_ms";
+    c.retention_ms, c.created_at, c.edit_window_ms, c.delivery_setting";
 
 /// Columns of [`CONVERSATION_COLUMNS`].
-pub(super) const CONVERSATION_COLUMN_COUNT: usize = 17;
+pub(super) const CONVERSATION_COLUMN_COUNT: usize = 18;
 
 pub(super) fn conversation_from_row(r: &Row) -> Result<ConversationInfo, StoreError> {
     conversation_from_row_at(r, 0)
@@ -154,6 +159,7 @@ pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> Result<Conversatio
         retention_ms: r.get(at + 14),
         created_at: r.get(at + 15),
         edit_window_ms: r.get(at + 16),
+        delivery_setting: decoded(r.get::<_, &str>(at + 17).parse::<DeliverySetting>(), "delivery_setting")?,
     })
 }
 
@@ -222,19 +228,23 @@ impl Store {
         let inserted = tx
             .execute_typed(
                 "INSERT INTO conversations (conv_id, kind, name, owner, delivery_mode, join_mode, max_member,
-                                            recall_window_ms, retention_ms, edit_window_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (conv_id) DO NOTHING",
+                                            recall_window_ms, retention_ms, edit_window_ms, delivery_setting)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (conv_id) DO NOTHING",
                 &[
                     (&conv_id.as_str(), Type::TEXT),
                     (&kind, Type::TEXT),
                     (&name, Type::TEXT),
                     (&owner, Type::TEXT),
-                    (&settings.delivery_mode.as_str(), Type::TEXT),
+                    (
+                        &settings.delivery_mode.mode_at(DeliveryMode::Push, 0, self.large_groups.thresholds()).as_str(),
+                        Type::TEXT,
+                    ),
                     (&settings.join_mode.as_str(), Type::TEXT),
                     (&settings.max_member, Type::INT4),
                     (&settings.recall_window_ms, Type::INT8),
                     (&settings.retention_ms, Type::INT8),
                     (&settings.edit_window_ms, Type::INT8),
+                    (&settings.delivery_mode.as_str(), Type::TEXT),
                 ],
             )
             .await;
@@ -251,6 +261,7 @@ impl Store {
                     info: read_conversation(&tx, &conv_id, creator).await?,
                     created: false,
                     events: vec![],
+                    members_summary: false,
                 }),
                 // The same answer whoever holds the id and whatever it is:
                 // only "not available", never whether the caller could see it.
@@ -269,7 +280,7 @@ impl Store {
                 .filter(|u| seen.insert(*u))
                 .map(|u| WriteOp::Join(JoinOp { user: u.clone(), actor: creator.clone(), role: Role::Member })),
         );
-        let written = apply_ops(&tx, prepared, &conv_id, joins).await?;
+        let written = apply_ops(&tx, prepared, &conv_id, joins, self.large_groups).await?;
         if let Some(Err(rejection)) = written.outcomes.into_iter().find(Result::is_err) {
             return Err(rejection.into()); // dropping `tx` rolls the whole creation back
         }
@@ -282,7 +293,8 @@ impl Store {
         // the commit (a retry would create a second group).
         let info = read_conversation(&tx, &conv_id, creator).await?;
         tx.commit().await?;
-        Ok(CreatedConversation { info, created: true, events: written.appended.events })
+        let members_summary = written.appended.members_summary;
+        Ok(CreatedConversation { info, created: true, events: written.appended.events, members_summary })
     }
 
     /// The conversation as `caller` may see it: anyone who has ever been a
@@ -341,6 +353,9 @@ async fn read_conversation(
         info.owner = v.owner;
         info.join_mode = decoded(v.join_mode.parse(), "left_view.join_mode")?;
         info.delivery_mode = decoded(v.delivery_mode.parse(), "left_view.delivery_mode")?;
+        if let Some(s) = v.delivery_setting {
+            info.delivery_setting = decoded(s.parse(), "left_view.delivery_setting")?;
+        }
         (info.max_member, info.member_count, info.mute_all) = (v.max_member, v.member_count, v.mute_all);
         (info.recall_window_ms, info.retention_ms) = (v.recall_window_ms, v.retention_ms);
         info.edit_window_ms = v.edit_window_ms.unwrap_or(info.edit_window_ms);
@@ -361,6 +376,8 @@ struct LeftView {
     member_count: i32,
     mute_all: bool,
     delivery_mode: String,
+    /// Absent in views recorded before large groups switched by themselves.
+    delivery_setting: Option<String>,
     recall_window_ms: i64,
     retention_ms: Option<i64>,
     /// Absent in views recorded before edits existed.

@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (8, "live", include_str!("../../schema/0008_live.sql")),
     (9, "history", include_str!("../../schema/0009_history.sql")),
     (12, "banned", include_str!("../../schema/0012_banned.sql")),
+    (14, "large_groups", include_str!("../../schema/0014_large_groups.sql")),
 ];
 
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

@@ -28,7 +28,7 @@ mod since_token;
 mod sync;
 mod write;
 
-use crate::config::StoreSettings;
+use crate::config::{LargeGroupSettings, StoreSettings};
 
 pub use access::Access;
 pub use accounts::{token_hash, DeviceToken, TokenOwner};
@@ -67,6 +67,8 @@ pub struct Store {
     /// Where actor batches are committed, merged across conversations; unset:
     /// one transaction per batch.
     commit_stage: Option<CommitStage>,
+    /// The sizes at which groups change how they deliver (ARCHITECTURE §9).
+    large_groups: LargeGroupSettings,
 }
 
 impl Store {
@@ -92,7 +94,7 @@ impl Store {
             .test_on_check_out(true)
             .build(connection::Manager::new(config))
             .await?;
-        Ok(Self { pool, commit_stage: None })
+        Ok(Self { pool, commit_stage: None, large_groups: settings.large_groups })
     }
 
     /// Routes actor batches through a commit stage of `workers` merging

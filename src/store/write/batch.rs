@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::lookup::{ConvRow, RequestKey, SendAckWithHash, Target, Targets};
 use super::ops::ProfilePatch;
-use crate::domain::{ConvStatus, DeliveryMode, Emoji, Event, EventKind, JoinMode, Role, Standing};
+use crate::domain::{ConvStatus, DeliveryMode, DeliverySetting, Emoji, Event, EventKind, JoinMode, Role, Standing, Thresholds};
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.
 pub(super) struct BatchBuilder {
@@ -46,7 +46,11 @@ pub(super) struct BatchBuilder {
     pub(super) mute_all: bool,
     pub(super) join_mode: JoinMode,
     pub(super) max_member: i32,
+    /// As of the ops checked so far.
     pub(super) delivery_mode: DeliveryMode,
+    pub(super) delivery_setting: DeliverySetting,
+    /// Some part of the batch is in `pull` mode: delivery sends it all as a `head`.
+    pub(super) pulled: bool,
     pub(super) recall_window_ms: i64,
     /// As of the ops checked so far; `None`: unlimited.
     pub(super) retention_ms: Option<i64>,
@@ -97,11 +101,13 @@ pub(super) struct ConvPatch {
     pub(super) settings: ProfilePatch,
     pub(super) owner: Option<UserId>,
     pub(super) status: Option<ConvStatus>,
+    /// The mode the group delivers in, when the batch changed it.
+    pub(super) delivery_mode: Option<DeliveryMode>,
 }
 
 impl ConvPatch {
     pub(super) fn is_empty(&self) -> bool {
-        self.settings.is_empty() && self.owner.is_none() && self.status.is_none()
+        self.settings.is_empty() && self.owner.is_none() && self.status.is_none() && self.delivery_mode.is_none()
     }
 }
 
@@ -130,6 +136,8 @@ impl BatchBuilder {
             join_mode: row.join_mode,
             max_member: row.max_member,
             delivery_mode: row.delivery_mode,
+            delivery_setting: row.delivery_setting,
+            pulled: row.delivery_mode == DeliveryMode::Pull,
             recall_window_ms: row.recall_window_ms,
             retention_ms: row.retention_ms,
             name: row.name.clone(),
@@ -176,6 +184,7 @@ impl BatchBuilder {
             "member_count": self.member_count,
             "mute_all": self.mute_all,
             "delivery_mode": self.delivery_mode.as_str(),
+            "delivery_setting": self.delivery_setting.as_str(),
             "recall_window_ms": self.recall_window_ms,
             "retention_ms": self.retention_ms,
             "edit_window_ms": self.edit_window_ms,
@@ -213,6 +222,26 @@ impl BatchBuilder {
         }
         let found = targets.get(&(user.clone(), seq)).filter(|t| t.visible)?;
         Some(Target { recalled_by: found.recalled_by.or(recalled_here), ..found.clone() })
+    }
+
+    /// After each op that may change the member count or the delivery
+    /// setting: the mode the setting gives now. A change is a `group` event
+    /// `{"delivery":{"mode","setting","member_count"}}` of `actor` (whose op
+    /// made it), in this transaction, right after that op's events; a batch
+    /// with any part in `pull` is delivered as `pull` (ARCHITECTURE §9).
+    pub(super) fn settle_delivery(&mut self, actor: &UserId, t: Thresholds) {
+        if !self.group || self.status != ConvStatus::Active {
+            return;
+        }
+        let mode = self.delivery_setting.mode_at(self.delivery_mode, self.member_count, t);
+        if mode != self.delivery_mode {
+            (self.delivery_mode, self.profile.delivery_mode) = (mode, Some(mode));
+            let change = json!({"delivery": {
+                "mode": mode.as_str(), "setting": self.delivery_setting.as_str(), "member_count": self.member_count,
+            }});
+            self.append(EventKind::Group { actor: Some(actor.clone()), change: change.to_string() });
+        }
+        self.pulled |= mode == DeliveryMode::Pull;
     }
 
     pub(super) fn version_bump(&self) -> i64 {

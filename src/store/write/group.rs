@@ -191,9 +191,10 @@ impl BatchBuilder {
             (self.mute_all, s.mute_all) = (on, Some(on));
             change.insert("mute_all".into(), on.into());
         }
-        if let Some(mode) = patch.delivery_mode {
-            (self.delivery_mode, s.delivery_mode) = (mode, Some(mode));
-            change.insert("delivery_mode".into(), mode.as_str().into());
+        // The setting; the mode it gives is settled after the op (`settle_delivery`).
+        if let Some(setting) = patch.delivery_mode {
+            (self.delivery_setting, s.delivery_mode) = (setting, Some(setting));
+            change.insert("delivery_mode".into(), setting.as_str().into());
         }
         if let Some(ms) = patch.recall_window_ms {
             (self.recall_window_ms, s.recall_window_ms) = (ms, Some(ms));
@@ -224,7 +225,7 @@ mod tests {
     use super::super::lookup::ConvRow;
     use super::super::ops::{GroupChange, GroupOp, Invited, ProfilePatch, Written};
     use super::super::Roster;
-    use crate::domain::{ConvStatus, DeliveryMode, JoinMode, Rejection, Role, Standing};
+    use crate::domain::{ConvStatus, DeliveryMode, DeliverySetting, JoinMode, Rejection, Role, Standing};
 
     fn uid(s: &str) -> UserId {
         UserId::parse(s).expect("id")
@@ -242,6 +243,7 @@ mod tests {
             mute_all: false,
             join_mode,
             delivery_mode: DeliveryMode::Push,
+            delivery_setting: DeliverySetting::Auto,
             now: Utc::now(),
             recall_window_ms: 120_000,
             retention_ms: None,

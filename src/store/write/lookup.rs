@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use super::ops::{GroupChange, GroupOp, SendAck, WriteOp};
 use super::prepared::Conn;
 use super::{BatchJob, ConvCache, Roster, ROSTER_CACHE_USERS};
-use crate::domain::{ConvStatus, DeliveryMode, Emoji, JoinMode, Role, Standing};
+use crate::domain::{ConvStatus, DeliveryMode, DeliverySetting, Emoji, JoinMode, Role, Standing};
 use crate::store::error::decoded;
 use crate::store::StoreError;
 
@@ -26,7 +26,10 @@ pub(super) struct ConvRow {
     pub(super) max_member: i32,
     pub(super) mute_all: bool,
     pub(super) join_mode: JoinMode,
+    /// What the group delivers in now (`push` or `pull`).
     pub(super) delivery_mode: DeliveryMode,
+    /// What its admins chose (ARCHITECTURE §9 "Large groups").
+    pub(super) delivery_setting: DeliverySetting,
     /// Transaction time, in ms: the `created_at` of everything the batch appends.
     pub(super) now: DateTime<Utc>,
     pub(super) recall_window_ms: i64,
@@ -90,6 +93,7 @@ async fn lock_conversations(
                 name: r.get(13),
                 owner: decoded(r.get::<_, Option<&str>>(14).map(UserId::parse).transpose(), "conversations.owner")?,
                 edit_window_ms: r.get(15),
+                delivery_setting: decoded(r.get::<_, &str>(16).parse(), "conversations.delivery_setting")?,
             };
             Ok((conv, row))
         })

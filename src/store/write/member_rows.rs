@@ -137,17 +137,18 @@ pub(super) async fn write_conv_patch(tx: &Client, conv: &ConvId, patch: &ConvPat
     let s = &patch.settings;
     let c = conv.as_str();
     let (name, owner) = (s.name.as_deref(), patch.owner.as_ref().map(|u| u.as_str()));
-    let (join_mode, delivery_mode) = (s.join_mode.map(|m| m.as_str()), s.delivery_mode.map(|m| m.as_str()));
+    let (join_mode, setting) = (s.join_mode.map(|m| m.as_str()), s.delivery_mode.map(|m| m.as_str()));
+    let mode = patch.delivery_mode.map(|m| m.as_str());
     let (set_retention, retention) = (s.retention_ms.is_some(), s.retention_ms.flatten());
     // NULL keeps a column; `retention_ms` may be set to NULL (unlimited), hence its flag.
     tx.execute_typed(
         "UPDATE conversations SET name = coalesce($2, name), owner = coalesce($3, owner),
                 join_mode = coalesce($4, join_mode), max_member = coalesce($5, max_member),
-                mute_all = coalesce($6, mute_all), delivery_mode = coalesce($7, delivery_mode),
+                mute_all = coalesce($6, mute_all), delivery_setting = coalesce($7, delivery_setting),
                 recall_window_ms = coalesce($8, recall_window_ms),
                 retention_ms = CASE WHEN $9 THEN $10 ELSE retention_ms END,
                 status = coalesce($11, status),
-                edit_window_ms = coalesce($12, edit_window_ms)
+                edit_window_ms = coalesce($12, edit_window_ms), delivery_mode = coalesce($13, delivery_mode)
           WHERE conv_id = $1",
         &[
             (&c, Type::TEXT),
@@ -156,12 +157,13 @@ pub(super) async fn write_conv_patch(tx: &Client, conv: &ConvId, patch: &ConvPat
             (&join_mode, Type::TEXT),
             (&s.max_member, Type::INT4),
             (&s.mute_all, Type::BOOL),
-            (&delivery_mode, Type::TEXT),
+            (&setting, Type::TEXT),
             (&s.recall_window_ms, Type::INT8),
             (&set_retention, Type::BOOL),
             (&retention, Type::INT8),
             (&patch.status.map(ConvStatus::as_str), Type::TEXT),
             (&s.edit_window_ms, Type::INT8),
+            (&mode, Type::TEXT),
         ],
     )
     .await?;

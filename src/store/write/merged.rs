@@ -19,6 +19,7 @@ use super::txn::WriteTx;
 use super::{
     append_and_commit, apply_batches, in_one_trip, one_trip, BatchJob, ConvCache, Phase, Unfinished, WrittenBatch,
 };
+use crate::config::LargeGroupSettings;
 use crate::store::{PooledClient, Store, StoreError};
 
 /// What became of one job of a merged transaction.
@@ -57,7 +58,7 @@ impl Store {
             Ok(conn) => conn,
             Err(e) => return rolled_back(jobs, e.into()),
         };
-        let shares = merged_on(&conn, jobs, &mut phase).await;
+        let shares = merged_on(&conn, jobs, self.large_groups, &mut phase).await;
         if let Some(e) = shares.iter().find_map(Share::failure) {
             conn.note_failure(e);
         }
@@ -66,7 +67,12 @@ impl Store {
 }
 
 /// [`Store::write_merged`] on the connection it checked out.
-async fn merged_on(conn: &PooledClient, mut jobs: Vec<BatchJob>, phase: &mut Phase) -> Vec<Share> {
+async fn merged_on(
+    conn: &PooledClient,
+    mut jobs: Vec<BatchJob>,
+    large: LargeGroupSettings,
+    phase: &mut Phase,
+) -> Vec<Share> {
     let prepared = match conn.prepared().await {
         Ok(prepared) => prepared,
         Err(e) => return rolled_back(jobs, e.into()),
@@ -88,11 +94,16 @@ async fn merged_on(conn: &PooledClient, mut jobs: Vec<BatchJob>, phase: &mut Pha
         }
     }
     // Several batches, or one the guard declined (changed elsewhere, or held).
-    full_path(conn, jobs, phase).await
+    full_path(conn, jobs, large, phase).await
 }
 
 /// The merged transaction of `jobs`: lock and reads, then append.
-async fn full_path(conn: Conn<'_>, mut jobs: Vec<BatchJob>, phase: &mut Phase) -> Vec<Share> {
+async fn full_path(
+    conn: Conn<'_>,
+    mut jobs: Vec<BatchJob>,
+    large: LargeGroupSettings,
+    phase: &mut Phase,
+) -> Vec<Share> {
     let tx = WriteTx::new(conn);
     let mut reads = match lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::SkipLocked).await {
         Ok(reads) => reads,
@@ -103,7 +114,7 @@ async fn full_path(conn: Conn<'_>, mut jobs: Vec<BatchJob>, phase: &mut Phase) -
     let left_out: Vec<bool> = jobs.iter().map(|j| held.contains(&j.conv)).collect();
     let (mut running, locked): (Vec<BatchJob>, Vec<BatchJob>) = jobs.into_iter().partition(|j| !held.contains(&j.conv));
 
-    let ran = match apply_batches(tx.conn(), &mut running, reads, phase).await {
+    let ran = match apply_batches(tx.conn(), &mut running, reads, large, phase).await {
         Ok(applied) => match append_and_commit(tx, applied, phase).await {
             Ok(written) => written.into_iter().zip(running).map(|(w, job)| Share::Committed(w, job.cache)).collect(),
             Err(Unfinished::RolledBack(e)) => rolled_back(running, e),

@@ -45,6 +45,7 @@ use imcore_actors::{ConvId, UserId};
 use tokio_postgres::Transaction;
 
 use super::{PooledClient, Store, StoreError};
+use crate::config::LargeGroupSettings;
 use crate::domain::{DeliveryMode, Event, Rejection, Role, Standing};
 use append::append_events;
 use batch::BatchBuilder;
@@ -75,7 +76,11 @@ pub struct Appended {
     pub events: Vec<Event>,
     /// The conversation's head after the batch.
     pub head: i64,
+    /// `pull` when any part of the batch was in `pull` mode (ARCHITECTURE §9).
     pub delivery_mode: DeliveryMode,
+    /// A `push` group past `IMCORE_MEMBERS_SUMMARY_ABOVE`: the `join`s and
+    /// `leave`s of others reach a device as one `members_changed` count.
+    pub members_summary: bool,
 }
 
 /// Most users whose standing a conversation's cache keeps; past it the
@@ -174,7 +179,7 @@ impl Store {
     pub(in crate::store) async fn write_job(&self, job: BatchJob) -> Result<(WrittenBatch, ConvCache), StoreError> {
         let mut phase = Phase::start();
         let conn = self.pool.get().await?;
-        let written = write_on(&conn, job, &mut phase).await;
+        let written = write_on(&conn, job, self.large_groups, &mut phase).await;
         if let Err(e) = &written {
             conn.note_failure(e);
         }
@@ -186,6 +191,7 @@ impl Store {
 async fn write_on(
     conn: &PooledClient,
     job: BatchJob,
+    large: LargeGroupSettings,
     phase: &mut Phase,
 ) -> Result<(WrittenBatch, ConvCache), StoreError> {
     let prepared = conn.prepared().await?;
@@ -202,7 +208,7 @@ async fn write_on(
     let tx = WriteTx::new(conn);
     let reads = lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::Wait).await?;
     phase.end("lock");
-    let applied = apply_batches(tx.conn(), &mut jobs, reads, phase).await?;
+    let applied = apply_batches(tx.conn(), &mut jobs, reads, large, phase).await?;
     let mut written = append_and_commit(tx, applied, phase).await.map_err(Unfinished::into_error)?;
     let [job] = jobs;
     Ok((written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))?, job.cache))
@@ -242,12 +248,13 @@ pub(super) async fn apply_ops(
     prepared: &Prepared,
     conv: &ConvId,
     ops: Vec<WriteOp>,
+    large: LargeGroupSettings,
 ) -> Result<WrittenBatch, StoreError> {
     let mut jobs = [BatchJob { conv: conv.clone(), cache: ConvCache::default(), ops }];
     let mut phase = Phase::start();
     let conn = Conn { client: tx.client(), prepared };
     let reads = lock_and_read(conn, std::future::ready(Ok(())), &mut jobs, LockMode::Wait).await?;
-    let mut applied = apply_batches(conn, &mut jobs, reads, &mut phase).await?;
+    let mut applied = apply_batches(conn, &mut jobs, reads, large, &mut phase).await?;
     append_events(conn, &applied.builders).await?;
     applied.take_events();
     applied.written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
@@ -314,6 +321,7 @@ async fn apply_batches(
     tx: Conn<'_>,
     jobs: &mut [BatchJob],
     reads: Reads,
+    large: LargeGroupSettings,
     phase: &mut Phase,
 ) -> Result<Applied, StoreError> {
     let unread = settle_standings(jobs, &reads.rows, &reads.standings);
@@ -331,8 +339,13 @@ async fn apply_batches(
         let Some(row) = rows.get(&job.conv) else {
             // No existence leak: an unknown conversation answers like a non-member.
             let outcomes = job.ops.iter().map(|_| Err(Rejection::NotMember)).collect();
-            let appended =
-                Appended { conv_id: job.conv.clone(), events: vec![], head: 0, delivery_mode: DeliveryMode::Push };
+            let appended = Appended {
+                conv_id: job.conv.clone(),
+                events: vec![],
+                head: 0,
+                delivery_mode: DeliveryMode::Push,
+                members_summary: false,
+            };
             written.push(WrittenBatch { outcomes, appended });
             continue;
         };
@@ -353,6 +366,9 @@ async fn apply_batches(
                 WriteOp::React(r) => b.react(r, targets, reactions, &cache.roster),
                 WriteOp::Ban(op) => b.ban(op),
             };
+            if let (Ok(_), Some(actor)) = (&outcome, op.member_actor()) {
+                b.settle_delivery(actor, large.thresholds());
+            }
             outcomes.push(outcome);
         }
         write_member_changes(tx.client, &job.conv, &b.member_changes).await?;
@@ -369,7 +385,8 @@ async fn apply_batches(
             conv_id: job.conv.clone(),
             head: b.next_seq - 1,
             events: Vec::new(),
-            delivery_mode: b.delivery_mode,
+            delivery_mode: if b.pulled { DeliveryMode::Pull } else { DeliveryMode::Push },
+            members_summary: !b.pulled && b.group && b.member_count > large.summary_above,
         };
         written.push(WrittenBatch { outcomes, appended });
         builders.push((written.len() - 1, b));

@@ -67,6 +67,7 @@ impl Plan {
             head: builder.next_seq - 1,
             events: builder.events,
             delivery_mode: builder.delivery_mode,
+            members_summary: false,
         };
         WrittenBatch { outcomes, appended }
     }
@@ -178,7 +179,7 @@ mod tests {
     use super::super::ops::{LeaveOp, SendOp, WriteOp};
     use super::super::{BatchJob, ConvCache, Roster};
     use super::plan;
-    use crate::domain::{Body, ConvStatus, DeliveryMode, JoinMode, LeaveReason, Role, Standing};
+    use crate::domain::{Body, ConvStatus, DeliveryMode, DeliverySetting, JoinMode, LeaveReason, Role, Standing};
 
     fn uid(s: &str) -> UserId {
         UserId::parse(s).expect("id")
@@ -205,6 +206,7 @@ mod tests {
             mute_all,
             join_mode: JoinMode::Invite,
             delivery_mode: DeliveryMode::Push,
+            delivery_setting: DeliverySetting::Auto,
             now: Utc::now(),
             recall_window_ms: 120_000,
             retention_ms: None,

@@ -9,7 +9,7 @@ use imcore_actors::{ClientMsgId, DeviceId, UserId};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::domain::{Body, DeliveryMode, Emoji, JoinMode, LeaveReason, Rejection, Role};
+use crate::domain::{Body, DeliverySetting, Emoji, JoinMode, LeaveReason, Rejection, Role};
 
 /// One write request against one conversation.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -42,6 +42,18 @@ impl WriteOp {
             WriteOp::Recall(r) => Some(&r.actor),
             WriteOp::Group(g) => Some(&g.actor),
             WriteOp::Ban(_) => None,
+        }
+    }
+
+    /// Who made a change to the membership or the settings, for an op that
+    /// may make one (the actor of a `delivery` change it causes); `None` for
+    /// the ops that never do (messages, recalls, edits, reactions).
+    pub fn member_actor(&self) -> Option<&UserId> {
+        match self {
+            WriteOp::Join(j) => Some(&j.actor),
+            WriteOp::Leave(l) => Some(&l.actor),
+            WriteOp::Group(g) => Some(&g.actor),
+            WriteOp::Send(_) | WriteOp::Edit(_) | WriteOp::React(_) | WriteOp::Recall(_) | WriteOp::Ban(_) => None,
         }
     }
 
@@ -228,7 +240,8 @@ pub struct ProfilePatch {
     pub join_mode: Option<JoinMode>,
     pub max_member: Option<i32>,
     pub mute_all: Option<bool>,
-    pub delivery_mode: Option<DeliveryMode>,
+    /// The delivery setting (`auto`, `push`, `pull`).
+    pub delivery_mode: Option<DeliverySetting>,
     pub recall_window_ms: Option<i64>,
     #[serde(default)]
     pub edit_window_ms: Option<i64>,

@@ -143,7 +143,8 @@ async fn a_group_of_100000_members_is_filled_by_invites_pushed_to_and_searched_b
     let users_in = started.elapsed();
     let mut owner = s.ws(&own).await;
     let conv = "g-big";
-    let create = json!({"kind": "group", "conv_id": conv, "name": "big", "members": [], "max_member": 100_000});
+    let create = json!({"kind": "group", "conv_id": conv, "name": "big", "members": [], "max_member": 100_000,
+                        "delivery_mode": "push"});
     let created = owner.request("create_conversation", create).await;
     assert_eq!(created["ok"], true, "{created}");
     let (filled, fill_seen) = fill(&mut owner, &db, conv).await;

@@ -5,7 +5,7 @@
 //! run bounded in messages and time, each server stopped with SIGTERM.
 //!
 //! Scenarios (`--scenarios`): `hot`, `fanout` and `connections` by default;
-//! `groups`, `latency`, `cluster` and `storm` when named. With `--nodes N` a
+//! `groups`, `groups-churn`, `latency`, `cluster` and `storm` when named. With `--nodes N` a
 //! server run is N nodes on one database joined by a `nats-server` of the
 //! run's own (`nodes.rs`). What each measures, and its results:
 //! benches/README.md. A run that did not verify makes the command fail
@@ -114,7 +114,9 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     source_addrs: usize,
     #[command(flatten)]
-    groups: groups::Args,
+    groups: groups::GroupArgs,
+    #[command(flatten)]
+    churn: groups::churn::ChurnArgs,
     /// Reconnect storm: devices online on the node that is killed.
     #[arg(long, default_value_t = 20_000)]
     storm_devices: usize,
@@ -224,6 +226,9 @@ async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     }
     if want("groups") {
         failed.extend(groups::run(ctx).await?);
+    }
+    if want("groups-churn") {
+        failed.extend(groups::churn::run(ctx).await?);
     }
     if want("latency") {
         failed.extend(latency(ctx).await?);

@@ -11,6 +11,7 @@
 //! store; device tokens, the large group and everything measured go through
 //! the server's API.
 
+pub mod churn;
 mod rss;
 mod send;
 
@@ -96,7 +97,7 @@ holds no conversation actor; each group gets a few sends over HTTP from its owne
 `rss_after` is read 1 s later.";
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+pub struct GroupArgs {
     /// Groups: members of the large group (owner included).
     #[arg(long, default_value_t = 100_000)]
     pub group_members: usize,
@@ -138,7 +139,7 @@ pub struct Args {
 }
 
 /// The sizes of this run, for the evidence.
-fn parameters(a: &Args) -> Value {
+fn parameters(a: &GroupArgs) -> Value {
     json!({
         "group_members": a.group_members,
         "invite_batch": a.group_invite_batch,
@@ -172,7 +173,7 @@ pub struct Big {
 }
 
 /// Users `u000000..` in the database, the owner's and the online members' tokens, the group (owner only).
-async fn setup(server: &Server, db: &Store, a: &Args) -> Result<(Big, Value), BoxError> {
+async fn setup(server: &Server, db: &Store, a: &GroupArgs) -> Result<(Big, Value), BoxError> {
     let n = a.group_members;
     if !(2..=1_000_000).contains(&n) || a.group_online >= n || a.rss_group_members > n {
         return Err("--group-members 2..=1000000, above --group-online and --rss-group-members".into());
@@ -197,7 +198,8 @@ async fn setup(server: &Server, db: &Store, a: &Args) -> Result<(Big, Value), Bo
     provision::create_group(
         server.port,
         &owner_token,
-        json!({"kind": "group", "conv_id": conv, "name": "big", "members": [], "max_member": n}),
+        // `push` set: the send part measures pushes (an `auto` group this size delivers in `pull`).
+        json!({"kind": "group", "conv_id": conv, "name": "big", "members": [], "max_member": n, "delivery_mode": "push"}),
     )
     .await?;
     let provisioning = json!({"users": n, "users_sql_s": round2(users_s),
@@ -208,7 +210,7 @@ async fn setup(server: &Server, db: &Store, a: &Args) -> Result<(Big, Value), Bo
 /// Part 1: invites users 1.. into the group, `batch` per call, one call in
 /// flight; then how long the server keeps working after the last ack
 /// (delivering the join events), up to `--group-quiet-s`.
-async fn invite(server: &Server, db: &Store, big: &Big, a: &Args) -> Result<Value, BoxError> {
+async fn invite(server: &Server, db: &Store, big: &Big, a: &GroupArgs) -> Result<Value, BoxError> {
     let batch = a.group_invite_batch;
     let mut ws = provision::connect_retry(server.port, provision::source_addr(0, 1), &big.owner_token).await?;
     let mut id = 0;
@@ -297,7 +299,7 @@ fn bands(calls: &[(usize, usize, f64)], members: usize) -> Vec<Value> {
 }
 
 /// Part 3: `members` searches by prefix and pages at depth, one call in flight.
-async fn search(server: &Server, db: &Store, big: &Big, a: &Args) -> Result<Value, BoxError> {
+async fn search(server: &Server, db: &Store, big: &Big, a: &GroupArgs) -> Result<Value, BoxError> {
     let mut ws = provision::connect_retry(server.port, provision::source_addr(0, 1), &big.owner_token).await?;
     let mut id = 0;
     let conn = db.pool().get().await?;

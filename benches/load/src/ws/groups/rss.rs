@@ -18,7 +18,7 @@ use imcore_actors::{ConvId, UserId};
 use imcore_client::Http;
 use serde_json::{json, Value};
 
-use super::{round2, user, Args, Big};
+use super::{round2, user, Big, GroupArgs};
 use crate::ws::log_check::verify;
 use crate::ws::provision::{self, now_us, BoxError};
 use crate::ws::server::Server;
@@ -38,7 +38,12 @@ pub struct RssGroups {
 }
 
 /// The owners' tokens through `server`; the groups through `db`, four at a time.
-pub async fn create_groups(server: &Server, db: &Store, big_members: usize, a: &Args) -> Result<RssGroups, BoxError> {
+pub async fn create_groups(
+    server: &Server,
+    db: &Store,
+    big_members: usize,
+    a: &GroupArgs,
+) -> Result<RssGroups, BoxError> {
     let stride = (big_members / a.rss_groups.max(1)).max(1);
     let first = |k: usize| k * stride % big_members;
     let owners = (0..a.rss_groups).map(|k| (user(first(k)), "rss".to_owned())).collect();
@@ -92,7 +97,13 @@ async fn send(http: &mut Http, conv: &str, token: &str, n: usize) -> Result<Vec<
 
 /// On a freshly started `server` over the same database: RSS before, after
 /// every group got `rss_messages` sends, and after the large group got them too.
-pub async fn measure(server: &Server, db: &Store, set: &RssGroups, big: &Big, a: &Args) -> Result<Value, BoxError> {
+pub async fn measure(
+    server: &Server,
+    db: &Store,
+    set: &RssGroups,
+    big: &Big,
+    a: &GroupArgs,
+) -> Result<Value, BoxError> {
     tokio::time::sleep(QUIET).await;
     let before = server.rss_kib();
     let n = a.rss_messages;
