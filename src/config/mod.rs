@@ -16,7 +16,9 @@ use imcore_actors::hub::HubConfig;
 use crate::domain::DEFAULT_MAX_BODY_BYTES;
 
 mod bus;
+mod notify;
 pub use bus::BusSettings;
+pub use notify::NotifySettings;
 
 /// How sends reach PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -69,6 +71,9 @@ pub struct Config {
 
     #[command(flatten)]
     pub live: LiveSettings,
+
+    #[command(flatten)]
+    pub notify: NotifySettings,
 
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "IMCORE_WORKERS", default_value_t = 0)]
@@ -129,6 +134,7 @@ impl Config {
             limits: LimitSettings::default(),
             retention: RetentionSettings::default(),
             live: LiveSettings::default(),
+            notify: NotifySettings::default(),
             workers: 0,
             nats_url: None,
             bus: BusSettings::default(),
