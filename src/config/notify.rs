@@ -24,52 +24,52 @@ pub struct NotifySettings {
     pub max_pushers_per_device: i64,
 
     /// Groups up to this many members notify `all` by default; above, `mentions`.
-    #[arg(long, env = "IMCORE_NOTIFY_ALL_MAX_MEMBERS", default_value_t = NotifySettings::default().all_max_members)]
+    #[arg(long = "notify-all-max-members", id = "notify_all_max_members", env = "IMCORE_NOTIFY_ALL_MAX_MEMBERS", default_value_t = NotifySettings::default().all_max_members)]
     pub all_max_members: i32,
 
     /// Ms between two notifications of one conversation to one pusher; what
     /// comes meanwhile is coalesced into the next (the latest event, current counts).
-    #[arg(long, env = "IMCORE_NOTIFY_COALESCE_MS", default_value_t = NotifySettings::default().coalesce_ms)]
+    #[arg(long = "notify-coalesce-ms", id = "notify_coalesce_ms", env = "IMCORE_NOTIFY_COALESCE_MS", default_value_t = NotifySettings::default().coalesce_ms)]
     pub coalesce_ms: u64,
 
     /// Ms a gateway request may take before it counts as failed (and is retried).
-    #[arg(long, env = "IMCORE_NOTIFY_TIMEOUT_MS", default_value_t = NotifySettings::default().timeout_ms)]
+    #[arg(long = "notify-timeout-ms", id = "notify_timeout_ms", env = "IMCORE_NOTIFY_TIMEOUT_MS", default_value_t = NotifySettings::default().timeout_ms)]
     pub timeout_ms: u64,
 
     /// First retry delay in ms after a 5xx, 429 or timeout; doubles per attempt, at most 60 s.
-    #[arg(long, env = "IMCORE_NOTIFY_BACKOFF_MS", default_value_t = NotifySettings::default().backoff_ms)]
+    #[arg(long = "notify-backoff-ms", id = "notify_backoff_ms", env = "IMCORE_NOTIFY_BACKOFF_MS", default_value_t = NotifySettings::default().backoff_ms)]
     pub backoff_ms: u64,
 
     /// Ms after an event's commit past which its notification is given up
     /// (counted); also how far back recovery looks.
-    #[arg(long, env = "IMCORE_NOTIFY_GIVE_UP_MS", default_value_t = NotifySettings::default().give_up_ms)]
+    #[arg(long = "notify-give-up-ms", id = "notify_give_up_ms", env = "IMCORE_NOTIFY_GIVE_UP_MS", default_value_t = NotifySettings::default().give_up_ms)]
     pub give_up_ms: u64,
 
     /// Requests in flight to one gateway URL at once.
-    #[arg(long, env = "IMCORE_NOTIFY_PER_URL", default_value_t = NotifySettings::default().per_url)]
+    #[arg(long = "notify-per-url", id = "notify_per_url", env = "IMCORE_NOTIFY_PER_URL", default_value_t = NotifySettings::default().per_url)]
     pub per_url: usize,
 
     /// Notifications waiting (coalescing, backing off or queued for their URL);
     /// past it new ones are dropped (counted).
-    #[arg(long, env = "IMCORE_NOTIFY_MAX_PENDING", default_value_t = NotifySettings::default().max_pending)]
+    #[arg(long = "notify-max-pending", id = "notify_max_pending", env = "IMCORE_NOTIFY_MAX_PENDING", default_value_t = NotifySettings::default().max_pending)]
     pub max_pending: usize,
 
     /// Committed batches waiting for the notifier; past it a conversation's
     /// batches are read back from the database instead (counted).
-    #[arg(long, env = "IMCORE_NOTIFY_BACKLOG", default_value_t = NotifySettings::default().backlog)]
+    #[arg(long = "notify-backlog", id = "notify_backlog", env = "IMCORE_NOTIFY_BACKLOG", default_value_t = NotifySettings::default().backlog)]
     pub backlog: usize,
 
     /// Ms a node's claim on a conversation's notifications lasts unrenewed;
     /// a dead node's pending ones are taken over after it.
-    #[arg(long, env = "IMCORE_NOTIFY_LEASE_MS", default_value_t = NotifySettings::default().lease_ms)]
+    #[arg(long = "notify-lease-ms", id = "notify_lease_ms", env = "IMCORE_NOTIFY_LEASE_MS", default_value_t = NotifySettings::default().lease_ms)]
     pub lease_ms: u64,
 
     /// Ms between writes of the notifier's progress (what a crash redoes at most).
-    #[arg(long, env = "IMCORE_NOTIFY_FLUSH_MS", default_value_t = NotifySettings::default().flush_ms)]
+    #[arg(long = "notify-flush-ms", id = "notify_flush_ms", env = "IMCORE_NOTIFY_FLUSH_MS", default_value_t = NotifySettings::default().flush_ms)]
     pub flush_ms: u64,
 
     /// Database connections of the notifier's own pool (never the writers').
-    #[arg(long, env = "IMCORE_NOTIFY_POOL_SIZE", default_value_t = NotifySettings::default().pool_size)]
+    #[arg(long = "notify-pool-size", id = "notify_pool_size", env = "IMCORE_NOTIFY_POOL_SIZE", default_value_t = NotifySettings::default().pool_size)]
     pub pool_size: u32,
 }
 
@@ -125,5 +125,15 @@ impl NotifySettings {
     pub fn url_allowed(&self, url: &str) -> bool {
         let prefixes: Vec<&String> = self.push_url_prefixes.iter().filter(|p| !p.is_empty()).collect();
         prefixes.is_empty() || prefixes.iter().any(|p| url.starts_with(p.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_notifier_flags_fit_among_the_others() {
+        super::super::Config::command().debug_assert();
     }
 }

@@ -165,8 +165,7 @@ impl Delivery {
 
     /// Whether `user`'s `device` has a connection on this node or another.
     pub fn device_connected(&self, user: &UserId, device: &DeviceId) -> bool {
-        self.routes.route(user, device).is_some()
-            || self.routed_elsewhere.contains_key(&(user.clone(), device.clone()))
+        self.routes.route(user, device).is_some() || self.routed_elsewhere.contains_key(&(user.clone(), device.clone()))
     }
 
     /// Node `node` claimed `conn` as the route of `user`'s `device`.

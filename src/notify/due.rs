@@ -1,7 +1,8 @@
 //! Which committed events notify whom (PROTOCOL v1.3): pure rules over an
 //! event and one member's pusher row. A `msg` notifies the members who could
 //! see it (membership at its seq) but its sender, by their level; `join`,
-//! `leave` and `group` notify only their subject, when someone else acted.
+//! `leave` and `group` notify only their subject, when someone else acted,
+//! in groups.
 //! Reactions, edits, recalls never notify.
 
 use imcore_actors::UserId;
@@ -51,14 +52,15 @@ pub fn notice(event: &Event, row: &DueRow, level: NotifyLevel, direct: bool) -> 
             }
             (sender, direct || mentioned)
         }
+        // In a direct chat these are its creation's: the first message tells.
         EventKind::Join { subject, actor } | EventKind::Leave { subject, actor, .. } => {
-            if subject != user || actor == user {
+            if direct || subject != user || actor == user {
                 return None;
             }
             (actor, true)
         }
         EventKind::Group { actor, change } => {
-            if actor == user || !names_subject(change, user) {
+            if direct || actor == user || !names_subject(change, user) {
                 return None;
             }
             (actor, true)
@@ -82,9 +84,9 @@ fn names_subject(change: &str, user: &UserId) -> bool {
     let Ok(serde_json::Value::Object(change)) = serde_json::from_str::<serde_json::Value>(change) else {
         return false;
     };
-    change.values().any(|v| {
-        [v.get("user_id"), v.get("to")].into_iter().flatten().any(|u| u.as_str() == Some(user.as_str()))
-    })
+    change
+        .values()
+        .any(|v| [v.get("user_id"), v.get("to")].into_iter().flatten().any(|u| u.as_str() == Some(user.as_str())))
 }
 
 #[cfg(test)]
@@ -164,6 +166,7 @@ mod tests {
         let kick = event(7, EventKind::Leave { subject: user("ann"), actor: user("own"), reason: LeaveReason::Kicked });
         let all = NotifyLevel::All;
         assert!(notice(&kick, &row("ann", 1, Some(7)), all, false).is_some());
+        assert!(notice(&kick, &row("ann", 1, Some(7)), all, true).is_none(), "not in a direct chat");
         assert!(notice(&kick, &row("bob", 1, None), all, false).is_none());
         let left = event(7, EventKind::Leave { subject: user("ann"), actor: user("ann"), reason: LeaveReason::Left });
         assert!(notice(&left, &row("ann", 1, Some(7)), all, false).is_none());

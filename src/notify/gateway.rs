@@ -12,8 +12,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-use super::queue::{Outcome, Target};
 use super::due::Notice;
+use super::queue::{Outcome, Target};
 
 /// Largest gateway answer read (it is a list of rejected pushkeys).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
@@ -71,7 +71,12 @@ impl Gateways {
 
     /// POSTs `body` to `target.url` once its URL has a free slot.
     pub async fn post(&self, target: &Target, body: &Value) -> Answer {
-        let limit = self.limits.borrow_mut().entry(target.url.clone()).or_insert_with(|| Rc::new(Semaphore::new(self.per_url))).clone();
+        let limit = self
+            .limits
+            .borrow_mut()
+            .entry(target.url.clone())
+            .or_insert_with(|| Rc::new(Semaphore::new(self.per_url)))
+            .clone();
         let answer = match limit.acquire().await {
             Ok(_permit) => tokio::time::timeout(self.timeout, self.exchange(target, body)).await.unwrap_or(RETRY),
             Err(_) => RETRY,

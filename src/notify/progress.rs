@@ -83,7 +83,12 @@ impl Runner {
 
     /// Takes in `conv`'s events after `after` up to `upto` (its head when
     /// `None`), those within the give-up window; its progress is then written.
-    async fn read_back(&mut self, conv: &ConvId, after: i64, upto: Option<i64>) -> Result<(), crate::store::StoreError> {
+    async fn read_back(
+        &mut self,
+        conv: &ConvId,
+        after: i64,
+        upto: Option<i64>,
+    ) -> Result<(), crate::store::StoreError> {
         let upto = match upto {
             Some(u) => u,
             None => match self.store.conv_facts(conv, &[]).await?.0 {

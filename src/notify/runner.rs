@@ -43,7 +43,12 @@ pub(super) struct Runner {
 }
 
 impl Runner {
-    pub(super) fn new(store: Store, delivery: Weak<Delivery>, settings: NotifySettings, lost: Lost) -> (Self, mpsc::UnboundedReceiver<Done>) {
+    pub(super) fn new(
+        store: Store,
+        delivery: Weak<Delivery>,
+        settings: NotifySettings,
+        lost: Lost,
+    ) -> (Self, mpsc::UnboundedReceiver<Done>) {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let per_url_pending = (settings.max_pending / 4).max(1);
         let runner = Self {
@@ -61,7 +66,11 @@ impl Runner {
     }
 
     /// Until the server's delivery (every sender of `batches`) is gone.
-    pub(super) async fn run(mut self, mut done_rx: mpsc::UnboundedReceiver<Done>, mut batches: mpsc::Receiver<Arc<Appended>>) {
+    pub(super) async fn run(
+        mut self,
+        mut done_rx: mpsc::UnboundedReceiver<Done>,
+        mut batches: mpsc::Receiver<Arc<Appended>>,
+    ) {
         let mut flush = tokio::time::interval(self.settings.flush());
         let mut scan = tokio::time::interval(self.settings.lease() / 2);
         for t in [&mut flush, &mut scan] {
@@ -178,7 +187,9 @@ impl Runner {
             actix_web::rt::spawn(async move {
                 let started = Instant::now();
                 let answer = match store.unread_total(&out.target.user).await {
-                    Ok(unread) => gateways.post(&out.target, &body(out.key.0.as_str(), &out.notice, &out.target, unread)).await,
+                    Ok(unread) => {
+                        gateways.post(&out.target, &body(out.key.0.as_str(), &out.notice, &out.target, unread)).await
+                    }
                     Err(e) => {
                         tracing::warn!(error = %Report(&e), "notifier: unread count not read; retried");
                         Answer { outcome: Outcome::Retry, rejected: false }

@@ -251,15 +251,10 @@ impl Store {
         let (since, settled) = (ago(window), ago(settle));
         let conn = self.pool.get().await?;
         let rows = conn
-            .query_typed(
-                BEHIND,
-                &[(&since, Type::TIMESTAMPTZ), (&settled, Type::TIMESTAMPTZ), (&limit, Type::INT8)],
-            )
+            .query_typed(BEHIND, &[(&since, Type::TIMESTAMPTZ), (&settled, Type::TIMESTAMPTZ), (&limit, Type::INT8)])
             .await?;
         rows.iter()
-            .map(|r| {
-                Ok(Behind { conv: decoded(ConvId::parse(r.get(0)), "conv_id")?, done: r.get(1), head: r.get(2) })
-            })
+            .map(|r| Ok(Behind { conv: decoded(ConvId::parse(r.get(0)), "conv_id")?, done: r.get(1), head: r.get(2) }))
             .collect()
     }
 
