@@ -28,6 +28,9 @@
 //! * [`cluster`] — several nodes on one PostgreSQL: the NATS bus that carries
 //!   committed batches, route claims and writes forwarded to a conversation's
 //!   home node between them (optional; a single node runs without it).
+//! * [`notify`] — offline notifications (PROTOCOL v1.3): this node's
+//!   committed batches followed, due notices coalesced and POSTed to push
+//!   gateways, durable leased progress so a crash or a dead node loses none.
 //! * [`online`] — who is online (presence, PROTOCOL v1.2): connections counted
 //!   per user, changes announced to direct peers after a grace period.
 //! * [`budget`] — the global memory budget in bytes for queued message bodies
@@ -121,6 +124,7 @@ pub mod delivery;
 pub mod domain;
 pub mod gateway;
 pub mod metrics;
+pub mod notify;
 pub mod online;
 pub mod pg;
 pub mod protocol;

@@ -62,7 +62,21 @@ pub struct Metrics {
     /// `unsigned`, `bad_signature`, `stale`, `replayed`, `malformed` (signed, does not
     /// decode or is out of range), `refused_op` (a forwarded op no client sends).
     pub bus_rejected: IntCounterVec,
+    /// Offline notifications (PROTOCOL v1.3) by `outcome`: see [`NOTIFY_OUTCOMES`].
+    pub notifications: IntCounterVec,
+    /// Notifications waiting (coalescing, backing off, queued for their URL) or in flight.
+    pub notify_queue: IntGauge,
+    /// Seconds per push gateway request, whatever its answer.
+    pub notify_gateway: Histogram,
 }
+
+/// `sent` (delivered), `failed` (refused for good), `rejected` (pushkey
+/// rejected: the pusher is removed), `coalesced` (merged into a waiting one),
+/// `retried`, `given_up` (past the give-up window), `dropped` (over a queue
+/// bound), `recovered` (events read back after a crash or takeover),
+/// `backlog_lost` (batches read back because the notifier was behind).
+pub const NOTIFY_OUTCOMES: [&str; 9] =
+    ["sent", "failed", "rejected", "coalesced", "retried", "given_up", "dropped", "recovered", "backlog_lost"];
 
 fn build() -> Result<Metrics, prometheus::Error> {
     let registry = Registry::new_custom(Some("imcore".into()), None)?;
@@ -148,6 +162,21 @@ fn build() -> Result<Metrics, prometheus::Error> {
         &["reason"],
     )?;
     registry.register(Box::new(bus_rejected.clone()))?;
+    let notifications = IntCounterVec::new(
+        Opts::new(
+            "notifications_total",
+            "Offline notifications: outcome=sent|failed|rejected|coalesced|retried|given_up|dropped|recovered|backlog_lost",
+        ),
+        &["outcome"],
+    )?;
+    let notify_queue = IntGauge::new("notify_queue", "Offline notifications waiting or in flight")?;
+    let notify_gateway = Histogram::with_opts(
+        HistogramOpts::new("notify_gateway_seconds", "Time per push gateway request")
+            .buckets(vec![0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]),
+    )?;
+    registry.register(Box::new(notifications.clone()))?;
+    registry.register(Box::new(notify_queue.clone()))?;
+    registry.register(Box::new(notify_gateway.clone()))?;
     Ok(Metrics {
         registry,
         requests,
@@ -168,6 +197,9 @@ fn build() -> Result<Metrics, prometheus::Error> {
         forwarded_writes,
         cluster_nodes,
         bus_rejected,
+        notifications,
+        notify_queue,
+        notify_gateway,
     })
 }
 
@@ -242,6 +274,11 @@ pub fn observe_purge(events_purged: u64, tombstones_written: u64, tombstones_exp
     m.with_label_values(&["tombstones_written"]).inc_by(tombstones_written);
     m.with_label_values(&["tombstones_expired"]).inc_by(tombstones_expired);
     METRICS.retention_run.observe(elapsed.as_secs_f64());
+}
+
+/// Counts `n` notifications with `outcome` (one of [`NOTIFY_OUTCOMES`]).
+pub fn count_notifications(outcome: &'static str, n: u64) {
+    METRICS.notifications.with_label_values(&[outcome]).inc_by(n);
 }
 
 pub fn observe_send(elapsed: Duration) {

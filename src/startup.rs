@@ -74,6 +74,10 @@ impl Application {
             .map_err(|e| StartupError::Io("set TCP_USER_TIMEOUT", e))?;
         let port = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?.port();
         let Engine { writer, delivery } = Engine::start(store.clone(), &config.engine);
+        if config.notify.notify {
+            crate::notify::start(database_url.clone(), config.notify.clone(), &delivery)
+                .map_err(|e| StartupError::Io("start the notifier", e))?;
+        }
         let bus = match &config.nats_url {
             Some(url) => {
                 let homes = config.home_node && writer.path() == WritePath::Actor;

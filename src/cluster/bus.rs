@@ -451,7 +451,7 @@ impl Inbound {
         let payload = &opened.payload[..];
         match kind {
             Kind::Batch => Self::batch(delivery, &m.subject, payload),
-            Kind::Claim => self.claim(delivery, &m.subject, payload),
+            Kind::Claim => self.claim(delivery, &m.subject, opened.sender.as_str(), payload),
             Kind::Revoked => match serde_json::from_slice::<Revoked>(payload) {
                 Ok(r) => delivery.kick_revoked(&r.user, &r.device),
                 Err(_) => Refused::Malformed.count(&m.subject),
@@ -503,12 +503,13 @@ impl Inbound {
 
     /// Connection ids come from a PostgreSQL `bigint` sequence: a claim past
     /// it is no claim.
-    fn claim(&self, delivery: &Delivery, subject: &str, payload: &[u8]) {
+    fn claim(&self, delivery: &Delivery, subject: &str, sender: &str, payload: &[u8]) {
         let claim = match serde_json::from_slice::<Claim>(payload) {
             Ok(c) if (1..=i64::MAX as u64).contains(&c.conn) => c,
             _ => return Refused::Malformed.count(subject),
         };
         let claimed = ConnId::from_cluster_sequence(claim.conn);
+        delivery.routed_at(sender, &claim.user, &claim.device, claimed);
         match settle(delivery.routes(), &claim.user, &claim.device, claimed) {
             Settled::Nothing => {}
             Settled::Superseded(route) => {

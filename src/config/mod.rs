@@ -17,8 +17,10 @@ use crate::domain::DEFAULT_MAX_BODY_BYTES;
 
 mod bus;
 mod groups;
+mod notify;
 pub use bus::BusSettings;
 pub use groups::LargeGroupSettings;
+pub use notify::NotifySettings;
 
 /// How sends reach PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -71,6 +73,9 @@ pub struct Config {
 
     #[command(flatten)]
     pub live: LiveSettings,
+
+    #[command(flatten)]
+    pub notify: NotifySettings,
 
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "IMCORE_WORKERS", default_value_t = 0)]
@@ -131,6 +136,7 @@ impl Config {
             limits: LimitSettings::default(),
             retention: RetentionSettings::default(),
             live: LiveSettings::default(),
+            notify: NotifySettings::default(),
             workers: 0,
             nats_url: None,
             bus: BusSettings::default(),

@@ -62,6 +62,19 @@ pub struct Delivery {
     reorder: Reorder,
     /// Users other nodes said they have online, and which nodes (`Live::Online`).
     online_elsewhere: DashMap<UserId, HashSet<String>>,
+    /// Devices routed on another node: the node and connection its claim
+    /// named, until that node says the connection ended (`Live::Unrouted`)
+    /// or goes silent.
+    routed_elsewhere: DashMap<(UserId, DeviceId), (String, u64)>,
+    /// What follows this node's committed batches besides the lanes (the
+    /// notifier, ARCHITECTURE §5); unset: nothing does.
+    follower: OnceLock<Arc<dyn Follower>>,
+}
+
+/// Follows the batches committed on this node, in each conversation's seq
+/// order. Never waits.
+pub trait Follower: Send + Sync {
+    fn committed(&self, appended: &Arc<Appended>);
 }
 
 /// The other nodes of a cluster, as delivery sees them (ARCHITECTURE §7).
@@ -89,6 +102,8 @@ pub enum Live {
     ToUsers { users: Vec<UserId>, frame: String },
     /// Whether the sending node has `user` online (a device, or its grace).
     Online { user: UserId, online: bool },
+    /// The sending node's connection `conn` of `user`'s `device` ended.
+    Unrouted { user: UserId, device: DeviceId, conn: u64 },
 }
 
 struct LaneHandle {
@@ -137,7 +152,39 @@ impl Delivery {
             peers: OnceLock::new(),
             reorder: Reorder::new(Instant::now()),
             online_elsewhere: DashMap::new(),
+            routed_elsewhere: DashMap::new(),
+            follower: OnceLock::new(),
         }
+    }
+
+    /// From now on `follower` gets every batch committed here. Once per
+    /// process; a second call is ignored.
+    pub fn follow(&self, follower: Arc<dyn Follower>) {
+        let _ = self.follower.set(follower);
+    }
+
+    /// Whether `user`'s `device` has a connection on this node or another.
+    pub fn device_connected(&self, user: &UserId, device: &DeviceId) -> bool {
+        self.routes.route(user, device).is_some() || self.routed_elsewhere.contains_key(&(user.clone(), device.clone()))
+    }
+
+    /// Node `node` claimed `conn` as the route of `user`'s `device`.
+    pub fn routed_at(&self, node: &str, user: &UserId, device: &DeviceId, conn: ConnId) {
+        let key = (user.clone(), device.clone());
+        match self.routed_elsewhere.entry(key) {
+            Entry::Occupied(mut e) if e.get().1 < conn.get() => {
+                e.insert((node.to_owned(), conn.get()));
+            }
+            Entry::Occupied(_) => {}
+            Entry::Vacant(e) => {
+                e.insert((node.to_owned(), conn.get()));
+            }
+        }
+    }
+
+    /// This node's connection `conn` of `user`'s `device` ended: the others hear of it.
+    pub fn unrouted(&self, user: &UserId, device: &DeviceId, conn: ConnId) {
+        self.live(Live::Unrouted { user: user.clone(), device: device.clone(), conn: conn.get() });
     }
 
     /// Joins a cluster: from now on this node's batches and routes go to
@@ -181,6 +228,9 @@ impl Delivery {
                     }
                 }
             },
+            Live::Unrouted { user, device, conn } => {
+                self.routed_elsewhere.remove_if(&(user, device), |_, (n, c)| n == node && *c == conn);
+            }
         }
     }
 
@@ -190,6 +240,7 @@ impl Delivery {
             nodes.remove(node);
             !nodes.is_empty()
         });
+        self.routed_elsewhere.retain(|_, (n, _)| n != node);
     }
 
     /// Whether another node said it has `user` online.
@@ -320,6 +371,9 @@ impl Delivery {
 
     /// A batch committed on this node: to the other nodes, then to the lanes.
     fn dispatch(&self, job: Arc<Job>) {
+        if let Some(follower) = self.follower.get() {
+            follower.committed(&job.appended);
+        }
         let Some(peers) = self.peers.get() else {
             return self.to_lanes(job);
         };

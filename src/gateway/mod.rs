@@ -10,7 +10,8 @@
 //!   `typing_rate` — the `typing` throttle per device and conversation.
 //! * `gate` — write ops of strangers to a conversation refused before its writer.
 //! * `request` — a device request parsed and checked at the edge.
-//! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP).
+//! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP);
+//!   `push` — the pusher ops (PROTOCOL v1.3).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
 //! * `session` — the WebSocket actor (the only user of `actix-web-actors`);
 //!   `outbound` — its bytes not yet written, capped and charged to the budget;
@@ -41,6 +42,7 @@ mod health;
 mod http;
 pub mod ops;
 mod outbound;
+mod push;
 mod request;
 mod session;
 mod typing_rate;

@@ -259,6 +259,7 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
         Request::Applications { conv, after, limit } => {
             Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?))
         }
+        Request::Push(op) => Reply::ok(super::push::run(state, caller, op).await?),
         Request::Ping => Reply::ok(pong()),
         Request::WhoAmI => Reply::ok(json!({ "user_id": user.as_str(), "device_id": caller.device_id.as_str() })),
         // Queued on the writer in `dispatch`.

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use super::error::ApiError;
 use super::fields::Fields;
 use super::group;
+use super::push::PushOp;
 use crate::domain::{
     check_text, Body, DeliverySetting, Emoji, JoinMode, MAX_DURATION_MS, MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE,
     MAX_MENTIONS,
@@ -115,6 +116,8 @@ pub enum Request {
         user: UserId,
     },
     Blocks,
+    /// `set_pusher`, `remove_pusher`, `set_notify` (PROTOCOL v1.3).
+    Push(PushOp),
 }
 
 #[derive(Debug, Clone)]
@@ -156,6 +159,7 @@ impl Request {
             Request::Block { .. } => "block",
             Request::Unblock { .. } => "unblock",
             Request::Blocks => "blocks",
+            Request::Push(op) => op.name(),
         }
     }
 
@@ -186,7 +190,8 @@ impl Request {
             | Request::Members { conv, .. }
             | Request::Applications { conv, .. }
             | Request::Reads { conv, .. }
-            | Request::Typing { conv, .. } => Some(conv),
+            | Request::Typing { conv, .. }
+            | Request::Push(PushOp::Level { conv, .. }) => Some(conv),
             Request::Sync(p) => Some(&p.conv),
             Request::CreateConversation(_)
             | Request::Conversations { .. }
@@ -196,7 +201,8 @@ impl Request {
             | Request::Presence { .. }
             | Request::Block { .. }
             | Request::Unblock { .. }
-            | Request::Blocks => None,
+            | Request::Blocks
+            | Request::Push(_) => None,
         }
     }
 
@@ -275,9 +281,10 @@ impl Request {
                 let (after, limit) = group::parse_applications(&f)?;
                 Request::Applications { conv: f.conv_id()?, after, limit }
             }
-            other => match group::parse_change(other, &f)? {
-                Some(change) => Request::Group { conv: f.conv_id()?, change },
-                None => return Err(ApiError::bad_request(format!("unknown op `{}`", truncate(other, 64)))),
+            other => match (group::parse_change(other, &f)?, PushOp::parse(other, &f)?) {
+                (Some(change), _) => Request::Group { conv: f.conv_id()?, change },
+                (None, Some(push)) => Request::Push(push),
+                (None, None) => return Err(ApiError::bad_request(format!("unknown op `{}`", truncate(other, 64)))),
             },
         })
     }

@@ -169,7 +169,11 @@ impl Actor for WsSession {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         // Compare-and-remove: a newer connection's route stays (P7).
-        self.state.delivery.routes().unregister(&self.owner.user_id, &self.owner.device_id, self.conn_id);
+        let delivery = &self.state.delivery;
+        if delivery.routes().unregister(&self.owner.user_id, &self.owner.device_id, self.conn_id) {
+            // The other nodes' notifiers count the device offline again.
+            delivery.unrouted(&self.owner.user_id, &self.owner.device_id, self.conn_id);
+        }
         self.state.delivery.unsubscribe(&self.owner.user_id, self.conn_id);
         if std::mem::take(&mut self.online) {
             self.state.online.disconnect(&self.owner.user_id);

@@ -47,7 +47,7 @@ impl Store {
     }
 
     /// Issues a device token; issuing again for the same device rotates it
-    /// (the old token stops working at once). `NOT_FOUND` for an unknown user.
+    /// (the old token stops working at once, the device's pushers are removed). `NOT_FOUND` for an unknown user.
     pub async fn issue_device_token(&self, user: &UserId, device: &DeviceId) -> Result<DeviceToken, StoreError> {
         let mut raw = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut raw);
@@ -56,7 +56,9 @@ impl Store {
         let conn = self.pool.get().await?;
         let result = conn
             .execute_typed(
-                "INSERT INTO devices (user_id, device_id, token_hash) VALUES ($1, $2, $3)
+                // A new token is a new install as far as pushers go: the old one's go.
+                "WITH gone AS (DELETE FROM pushers WHERE user_id = $1 AND device_id = $2)
+                 INSERT INTO devices (user_id, device_id, token_hash) VALUES ($1, $2, $3)
                  ON CONFLICT (user_id, device_id) DO UPDATE SET token_hash = excluded.token_hash, rotated_at = now()",
                 &[(&user.as_str(), Type::TEXT), (&device.as_str(), Type::TEXT), (&hash.as_slice(), Type::BYTEA)],
             )

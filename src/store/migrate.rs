@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (7, "rule_leaks", include_str!("../../schema/0007_rule_leaks.sql")),
     (8, "live", include_str!("../../schema/0008_live.sql")),
     (9, "history", include_str!("../../schema/0009_history.sql")),
+    (10, "push", include_str!("../../schema/0010_push.sql")),
     (12, "banned", include_str!("../../schema/0012_banned.sql")),
     (14, "large_groups", include_str!("../../schema/0014_large_groups.sql")),
 ];

@@ -19,8 +19,10 @@ mod error;
 mod inbox;
 mod members;
 mod migrate;
+mod notify;
 mod port;
 mod presence;
+mod pushers;
 mod read;
 mod retention;
 mod signals;
@@ -42,7 +44,9 @@ pub use members::{
     Application, ApplicationPage, MemberInfo, MemberPage, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT, MEMBERS_PAGE,
 };
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
+pub use notify::{Behind, ConvFacts, DueRow};
 pub use presence::Membership;
+pub use pushers::{NewPusher, NotifyLevel};
 pub use read::{MarkedRead, MemberRead, ReadsPage};
 pub use retention::PurgeReport;
 pub use sync::{ReactionCount, SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};

@@ -31,6 +31,7 @@ mod leaks;
 mod limits;
 mod live;
 mod live_cluster;
+mod notify;
 mod overload;
 mod persistence;
 mod presence;
