@@ -34,7 +34,7 @@ mod tests {
 
     use super::super::lookup::ConvRow;
     use super::*;
-    use crate::domain::{DeliveryMode, JoinMode};
+    use crate::domain::{DeliveryMode, DeliverySetting, JoinMode};
 
     fn builder(group: bool, status: ConvStatus) -> BatchBuilder {
         let row = ConvRow {
@@ -47,6 +47,7 @@ mod tests {
             mute_all: false,
             join_mode: JoinMode::Invite,
             delivery_mode: DeliveryMode::Push,
+            delivery_setting: DeliverySetting::Auto,
             now: Utc::now(),
             recall_window_ms: 120_000,
             retention_ms: None,
