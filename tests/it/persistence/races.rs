@@ -43,7 +43,7 @@ const ATTEMPTS: usize = 10;
 /// a loaded machine opening connections is slow, and the race is about the
 /// conversation row, not the pool.
 async fn racing_writers(env: &Env, pool: u32) -> (Vec<Writer>, &'static str) {
-    let settings = StoreSettings { pool_size: pool, pool_timeout_ms: 120_000 };
+    let settings = StoreSettings { pool_size: pool, pool_timeout_ms: 120_000, ..StoreSettings::default() };
     let store = || async { Store::connect_with(&env.db.url, &settings).await.expect("a node's store") };
     match env.writer.path() {
         Path::Direct => {
