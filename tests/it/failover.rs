@@ -165,7 +165,7 @@ async fn a_primary_killed_mid_burst_loses_no_acked_send_and_duplicates_none() {
         while !done.get() {
             let status = ready_status(port).await;
             if let Some(k) = killed_at.get() {
-                if seen.last().is_none_or(|(_, s)| *s != status) {
+                if seen.last().map_or(true, |(_, s)| *s != status) {
                     seen.push((k.elapsed().as_millis() as u64, status));
                 }
             }
@@ -195,7 +195,7 @@ async fn a_primary_killed_mid_burst_loses_no_acked_send_and_duplicates_none() {
     let lost: Vec<&str> = observed
         .acks
         .iter()
-        .filter(|a| stored.get(&(a.sender.clone(), a.key.clone())).is_none_or(|s| !s.contains(&a.seq)))
+        .filter(|a| stored.get(&(a.sender.clone(), a.key.clone())).map_or(true, |s| !s.contains(&a.seq)))
         .map(|a| a.key.as_str())
         .collect();
     let duplicated: Vec<&(String, String)> = stored.iter().filter(|(_, s)| s.len() > 1).map(|(k, _)| k).collect();
