@@ -37,6 +37,8 @@
 //!   and queued push frames; beyond it `OVERLOADED` or a 1013 close.
 //! * [`protocol`] — wire shapes (events, conversations, pushes) and error codes.
 //! * [`pg`] — the embedded PostgreSQL used when no `DATABASE_URL` is given.
+//! * [`pg_formation`] — a pg_auto_failover formation on one machine, for the
+//!   failover test and benchmark.
 //! * [`gateway`] — HTTP and WebSocket (PROTOCOL §3–6); PROTOCOL error codes
 //!   are produced only here; one op dispatch serves both transports.
 //! * [`metrics`] — Prometheus counters, histograms and sampled gauges.
@@ -127,6 +129,7 @@ pub mod metrics;
 pub mod notify;
 pub mod online;
 pub mod pg;
+pub mod pg_formation;
 pub mod protocol;
 pub mod startup;
 pub mod store;

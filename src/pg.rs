@@ -53,7 +53,7 @@ pub enum PgError {
     Unreachable { user: &'static str, dir: PathBuf, root: PathBuf },
 }
 
-fn io(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> PgError {
+pub(crate) fn io(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> PgError {
     let step = step.into();
     move |source| PgError::Io { step, source }
 }
@@ -88,10 +88,10 @@ pub struct EmbeddedPg {
 
 /// The account the server runs as when we are root.
 #[derive(Debug, Clone, Copy)]
-struct RunAs {
-    name: &'static str,
-    uid: u32,
-    gid: u32,
+pub(crate) struct RunAs {
+    pub(crate) name: &'static str,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
 }
 
 impl EmbeddedPg {
@@ -225,7 +225,7 @@ impl Drop for EmbeddedPg {
 
 /// Spawns `cmd` from a thread that lives until the child exits, so the
 /// child's parent-death signal fires only when our process dies.
-fn spawn_kept(mut cmd: Command) -> Result<(i32, mpsc::Receiver<()>), PgError> {
+pub(crate) fn spawn_kept(mut cmd: Command) -> Result<(i32, mpsc::Receiver<()>), PgError> {
     let (started_tx, started_rx) = mpsc::channel::<std::io::Result<i32>>();
     let (exited_tx, exited_rx) = mpsc::channel();
     std::thread::Builder::new()
@@ -338,12 +338,12 @@ fn alive(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
-fn free_port() -> Result<u16, PgError> {
+pub(crate) fn free_port() -> Result<u16, PgError> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("find a free port"))?;
     Ok(l.local_addr().map_err(io("find a free port"))?.port())
 }
 
-fn find_bindir() -> Result<PathBuf, PgError> {
+pub(crate) fn find_bindir() -> Result<PathBuf, PgError> {
     let usable = |p: &Path| p.join("postgres").is_file() && p.join("initdb").is_file();
     let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
         .into_iter()
@@ -365,7 +365,7 @@ fn find_bindir() -> Result<PathBuf, PgError> {
         .ok_or(PgError::BinariesNotFound)
 }
 
-fn run_as() -> Result<Option<RunAs>, PgError> {
+pub(crate) fn run_as() -> Result<Option<RunAs>, PgError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(None);
@@ -390,7 +390,7 @@ fn run_as() -> Result<Option<RunAs>, PgError> {
 /// Lets `r` search `root`, the only directory on the way to the cluster that
 /// is ours to change; any other blocking directory stops start-up with
 /// [`PgError::Unreachable`] naming it.
-fn make_searchable(bindir: &Path, root: &Path, r: RunAs) -> Result<(), PgError> {
+pub(crate) fn make_searchable(bindir: &Path, root: &Path, r: RunAs) -> Result<(), PgError> {
     let mut way: Vec<&Path> = root.ancestors().collect();
     way.reverse();
     for dir in way {

@@ -158,19 +158,30 @@ pub struct StoreSettings {
     #[arg(long, env = "IMCORE_POOL_TIMEOUT_MS", default_value_t = StoreSettings::default().pool_timeout_ms)]
     pub pool_timeout_ms: u64,
 
+    /// One connection attempt to one database host may take this many ms
+    /// (unless `DATABASE_URL` sets `connect_timeout`); while the last attempt
+    /// found no primary, a request waits at most this long for a connection
+    /// before `OVERLOADED`, instead of the pool timeout (ARCHITECTURE §6).
+    #[arg(long, env = "IMCORE_DB_CONNECT_TIMEOUT_MS", default_value_t = StoreSettings::default().connect_timeout_ms)]
+    pub connect_timeout_ms: u64,
+
     #[command(flatten)]
     pub large_groups: LargeGroupSettings,
 }
 
 impl Default for StoreSettings {
     fn default() -> Self {
-        Self { pool_size: 16, pool_timeout_ms: 10_000, large_groups: LargeGroupSettings::default() }
+        Self { pool_size: 16, pool_timeout_ms: 10_000, connect_timeout_ms: 2_000, large_groups: LargeGroupSettings::default() }
     }
 }
 
 impl StoreSettings {
     pub fn pool_timeout(&self) -> Duration {
         Duration::from_millis(self.pool_timeout_ms.max(1))
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms.max(1))
     }
 }
 

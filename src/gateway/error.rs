@@ -3,6 +3,7 @@
 //! WebSocket. Clients get the code and a clean message; logs get the cause.
 
 use std::error::Error;
+use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
@@ -38,6 +39,15 @@ impl ApiError {
 
     pub fn internal() -> Self {
         Self::new(ErrorCode::Internal, "internal error; the request may or may not have taken effect")
+    }
+
+    /// `OVERLOADED` when no database connection could be had (nothing was
+    /// sent: a failover, or the pool exhausted), `INTERNAL` otherwise.
+    fn failed(e: &(dyn Error + 'static)) -> Self {
+        if store_error(e).is_some_and(StoreError::nothing_sent) {
+            return Self::new(ErrorCode::Overloaded, "the database is unavailable; retry with the same client_msg_id");
+        }
+        Self::internal()
     }
 
     pub fn code(&self) -> ErrorCode {
@@ -76,7 +86,7 @@ impl From<StoreError> for ApiError {
             StoreError::Rejected(r) => Self(WireError::from(&r)),
             other => {
                 log_failure(&other);
-                Self::internal()
+                Self::failed(&other)
             }
         }
     }
@@ -91,10 +101,30 @@ impl From<WriteFailure> for ApiError {
             }
             WriteFailure::Internal(cause) => {
                 log_failure(&*cause);
-                Self::internal()
+                Self::failed(&*cause)
             }
         }
     }
+}
+
+/// The store error in `e`'s cause chain, if any. An error shared behind an
+/// `Arc` (a failed batch's cause, given to each of its callers) shows in a
+/// chain as the `Arc`, whose `source` skips the error inside: looked into.
+fn store_error<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a StoreError> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(store) = e.downcast_ref::<StoreError>() {
+            return Some(store);
+        }
+        if let Some(store) = e.downcast_ref::<Arc<StoreError>>() {
+            return Some(store);
+        }
+        next = match e.downcast_ref::<Arc<dyn Error + Send + Sync>>() {
+            Some(shared) => Some(&**shared),
+            None => e.source(),
+        };
+    }
+    None
 }
 
 /// The one log line of a failed request. Written inside the dispatch span, so
@@ -102,7 +132,7 @@ impl From<WriteFailure> for ApiError {
 /// SQLSTATE of the store error behind it and the cause chain, never the
 /// database's own text (which may carry row contents).
 fn log_failure(e: &(dyn Error + 'static)) {
-    let store = std::iter::successors(Some(e), |&e| e.source()).find_map(|e| e.downcast_ref::<StoreError>());
+    let store = store_error(e);
     let class = store.and_then(StoreError::class).map_or("unknown", ErrorClass::as_str);
     let sqlstate = store.and_then(StoreError::sqlstate);
     tracing::warn!(class, sqlstate, error = %Report(e), "request failed");
@@ -138,5 +168,27 @@ mod tests {
         let too_big = ApiError::from(BodyError::TooLarge { size: 20, max: 10 });
         assert_eq!(too_big.code(), ErrorCode::PayloadTooLarge);
         assert_eq!(too_big.status_code(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn no_database_connection_is_overloaded_and_a_failed_transaction_internal() {
+        let no_connection = || StoreError::Pool(bb8::RunError::TimedOut);
+        assert_eq!(ApiError::from(no_connection()).code(), ErrorCode::Overloaded);
+        let merged = StoreError::Merged(Arc::new(no_connection()));
+        assert_eq!(ApiError::from(WriteFailure::internal(merged)).code(), ErrorCode::Overloaded);
+        let broken = StoreError::Merged(Arc::new(StoreError::Invariant("x")));
+        assert_eq!(ApiError::from(WriteFailure::internal(broken)).code(), ErrorCode::Internal);
+    }
+
+    /// Like the actors' failed-batch error: the store's error shared behind an `Arc`.
+    #[derive(Debug, thiserror::Error)]
+    #[error("the store failed the batch")]
+    struct SharedCause(#[source] Arc<dyn Error + Send + Sync>);
+
+    #[test]
+    fn a_store_error_shared_behind_an_arc_is_found() {
+        let merged = StoreError::Merged(Arc::new(StoreError::Pool(bb8::RunError::TimedOut)));
+        let failure = WriteFailure::internal(SharedCause(Arc::new(merged)));
+        assert_eq!(ApiError::from(failure).code(), ErrorCode::Overloaded);
     }
 }

@@ -1,16 +1,21 @@
-//! The pooled connection: a client with the write path's statements
+//! The pool and its connections: a client with the write path's statements
 //! prepared on it once, by its first write transaction (not when it
 //! connects: the pool also serves the migrations that create the tables).
 //!
 //! A statement sent unprepared (`query_typed`) is parsed and planned by the
 //! server every time; for the write transaction's statements that cost more
-//! than a round trip (ARCHITECTURE §3, "Measured").
+//! than a round trip (ARCHITECTURE §3, "Measured"). While no primary answers
+//! (a failover), a checkout waits one connect timeout, not the pool timeout
+//! (ARCHITECTURE §6, "The database failing over").
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
+use bb8::{PooledConnection, RunError};
 use bb8_postgres::PostgresConnectionManager;
-use tokio::sync::OnceCell;
+use tokio::sync::{watch, OnceCell};
 use tokio_postgres::{Client, Error, NoTls};
 
 use super::write::Prepared;
@@ -60,15 +65,67 @@ impl DerefMut for PooledClient {
     }
 }
 
-/// Connects like `bb8_postgres` and prepares the statements.
-pub struct Manager {
-    inner: PostgresConnectionManager<NoTls>,
+/// The connection pool: bb8's, with a shorter wait while the database is
+/// known unreachable. Cheap to clone.
+#[derive(Clone)]
+pub struct Pool {
+    inner: bb8::Pool<Manager>,
+    /// Whether the latest connection attempt succeeded (set by the manager).
+    reachable: Arc<watch::Sender<bool>>,
+    /// The wait for a connection while `reachable` is false.
+    unreachable_wait: Duration,
 }
 
-impl Manager {
-    pub fn new(config: tokio_postgres::Config) -> Self {
-        Self { inner: PostgresConnectionManager::new(config, NoTls) }
+impl Pool {
+    pub(super) async fn build(
+        builder: bb8::Builder<Manager>,
+        config: tokio_postgres::Config,
+        unreachable_wait: Duration,
+    ) -> Result<Self, Error> {
+        let reachable = Arc::new(watch::Sender::new(true));
+        let manager = Manager { inner: PostgresConnectionManager::new(config, NoTls), reachable: reachable.clone() };
+        Ok(Self { inner: builder.build(manager).await?, reachable, unreachable_wait })
     }
+
+    /// A connection, waiting at most the pool timeout; once an attempt to
+    /// connect finds no primary (now or during the wait), at most
+    /// `unreachable_wait` more. A failure sent nothing, so the caller may
+    /// answer `OVERLOADED`.
+    pub async fn get(&self) -> Result<PooledConnection<'_, Manager>, RunError<Error>> {
+        let mut reachable = self.reachable.subscribe();
+        let get = self.inner.get();
+        tokio::pin!(get);
+        tokio::select! {
+            biased;
+            got = &mut get => return got,
+            // The sender lives as long as the pool: an error never comes.
+            _ = reachable.wait_for(|r| !*r) => {}
+        }
+        tokio::time::timeout(self.unreachable_wait, get).await.unwrap_or(Err(RunError::TimedOut))
+    }
+
+    /// A connection within `unreachable_wait` whatever the state (a probe
+    /// must not wait the pool timeout), or `None`.
+    pub async fn probe(&self) -> Option<PooledConnection<'_, Manager>> {
+        tokio::time::timeout(self.unreachable_wait, self.inner.get()).await.ok()?.ok()
+    }
+
+    /// Whether the latest connection attempt reached a server it could use.
+    pub fn reachable(&self) -> bool {
+        *self.reachable.borrow()
+    }
+
+    pub fn state(&self) -> bb8::State {
+        self.inner.state()
+    }
+}
+
+/// Connects like `bb8_postgres` (to a primary, when `DATABASE_URL` names
+/// several hosts with `target_session_attrs=read-write`) and prepares the
+/// statements.
+pub struct Manager {
+    inner: PostgresConnectionManager<NoTls>,
+    reachable: Arc<watch::Sender<bool>>,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -76,11 +133,9 @@ impl bb8::ManageConnection for Manager {
     type Error = Error;
 
     async fn connect(&self) -> Result<PooledClient, Error> {
-        Ok(PooledClient {
-            client: self.inner.connect().await?,
-            prepared: OnceCell::new(),
-            failed: AtomicBool::new(false),
-        })
+        let client = self.inner.connect().await;
+        self.reachable.send_if_modified(|r| std::mem::replace(r, client.is_ok()) != client.is_ok());
+        Ok(PooledClient { client: client?, prepared: OnceCell::new(), failed: AtomicBool::new(false) })
     }
 
     /// No round trip: a connection known closed (its task saw the close, or

@@ -80,6 +80,16 @@ impl StoreError {
         }
     }
 
+    /// No connection could be had (the pool timed out, or no primary answered):
+    /// nothing was sent, so nothing took effect.
+    pub fn nothing_sent(&self) -> bool {
+        match self {
+            StoreError::Pool(_) => true,
+            StoreError::Merged(e) => e.nothing_sent(),
+            _ => false,
+        }
+    }
+
     /// The SQLSTATE of the database error behind this one, if any.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {

@@ -55,9 +55,7 @@ pub use write::{
     ReactOp, RecallAck, RecallOp, Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
 };
 
-pub use connection::PooledClient;
-
-pub type Pool = bb8::Pool<connection::Manager>;
+pub use connection::{Pool, PooledClient};
 
 /// Session settings for every pooled connection. A transaction that holds a
 /// conversation row lock must never wait forever (ARCHITECTURE §3, faults).
@@ -90,14 +88,16 @@ impl Store {
         if config.get_application_name().is_none() {
             config.application_name("imcore");
         }
-        let pool = bb8::Pool::builder()
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(settings.connect_timeout());
+        }
+        let builder = bb8::Pool::builder()
             .max_size(settings.pool_size)
             .connection_timeout(settings.pool_timeout())
             // Checks, without a round trip, that the connection is not known
             // closed (`connection::Manager::is_valid`).
-            .test_on_check_out(true)
-            .build(connection::Manager::new(config))
-            .await?;
+            .test_on_check_out(true);
+        let pool = Pool::build(builder, config, settings.connect_timeout()).await?;
         Ok(Self { pool, commit_stage: None, large_groups: settings.large_groups })
     }
 
@@ -112,11 +112,12 @@ impl Store {
         &self.pool
     }
 
-    /// Database reachable and the schema at this build's version.
+    /// A primary reachable within the connect timeout (not a standby in
+    /// recovery) and the schema at this build's version.
     pub async fn ready(&self) -> bool {
-        match self.pool.get().await {
-            Ok(c) => migrate::up_to_date(&**c).await.unwrap_or(false),
-            Err(_) => false,
-        }
+        let Some(c) = self.pool.probe().await else { return false };
+        let primary = c.query_typed("SELECT NOT pg_is_in_recovery()", &[]).await;
+        primary.is_ok_and(|rows| rows.first().is_some_and(|r| r.try_get(0).unwrap_or(false)))
+            && migrate::up_to_date(&**c).await.unwrap_or(false)
     }
 }

@@ -16,6 +16,7 @@ mod embedded_pg;
 #[macro_use]
 mod env;
 mod evidence;
+mod failover;
 mod fuzz_edges;
 mod gateway;
 mod gateway_connections;

@@ -9,6 +9,9 @@
 //!   half load). See `ws/mod.rs`.
 //! * `imcore-load retention` — in process: the purge rate, a hot group during
 //!   a purge, and sends that probe a million tombstones. See `retention/mod.rs`.
+//! * `imcore-load failover` — end to end: the server on a pg_auto_failover
+//!   formation under load, a switchover and the primary killed. See
+//!   `ws/failover.rs`.
 //! * `imcore-load since` — in process: the reconnect delta of a user in
 //!   10,000 conversations, 10 of them changed. See `since.rs`.
 //!
@@ -48,6 +51,8 @@ enum Cmd {
     Ws(Box<ws::Args>),
     /// In process: purge rate, a hot group during a purge, sends probing a million tombstones.
     Retention(retention::Args),
+    /// End to end: a pg_auto_failover formation under load, switchover and primary killed.
+    Failover(ws::failover::Args),
     /// In process: the reconnect delta (PROTOCOL §7) of a user in many conversations.
     Since(since::Args),
 }
@@ -58,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Some(Cmd::Ws(args)) => ws::main(*args),
         Some(Cmd::Write(args)) => write::main(args),
         Some(Cmd::Retention(args)) => retention::main(args),
+        Some(Cmd::Failover(args)) => ws::failover::main(args),
         Some(Cmd::Since(args)) => since::main(args),
         None => write::main(cli.write),
     }

@@ -13,6 +13,7 @@
 
 mod cluster;
 mod conns;
+pub mod failover;
 mod fanout;
 mod frame;
 mod groups;
