@@ -19,6 +19,7 @@ mod error;
 mod inbox;
 mod members;
 mod migrate;
+mod people;
 mod port;
 mod presence;
 mod read;
@@ -42,6 +43,7 @@ pub use members::{
     Application, ApplicationPage, MemberInfo, MemberPage, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT, MEMBERS_PAGE,
 };
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
+pub use people::{FoundUser, SEARCH_USERS};
 pub use presence::Membership;
 pub use read::{MarkedRead, MemberRead, ReadsPage};
 pub use retention::PurgeReport;

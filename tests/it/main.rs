@@ -32,6 +32,7 @@ mod limits;
 mod live;
 mod live_cluster;
 mod overload;
+mod people;
 mod persistence;
 mod presence;
 mod recall;
