@@ -44,12 +44,8 @@ impl Store {
     pub async fn search_users(&self, caller: &UserId, prefix: &str, limit: i64) -> Result<Vec<FoundUser>, StoreError> {
         let c = self.pool.get().await?;
         let pattern = format!("{}%", escape_like(&prefix.to_lowercase()));
-        let params: [(&(dyn ToSql + Sync), Type); 4] = [
-            (&caller.as_str(), Type::TEXT),
-            (&pattern, Type::TEXT),
-            (&prefix, Type::TEXT),
-            (&limit, Type::INT8),
-        ];
+        let params: [(&(dyn ToSql + Sync), Type); 4] =
+            [(&caller.as_str(), Type::TEXT), (&pattern, Type::TEXT), (&prefix, Type::TEXT), (&limit, Type::INT8)];
         let rows = c.query_typed(SEARCH_USERS, &params).await?;
         rows.iter()
             .map(|r| Ok(FoundUser { user_id: decoded(UserId::parse(r.get(0)), "user_id")?, display_name: r.get(1) }))

@@ -93,9 +93,8 @@ async fn a_creation_or_invite_naming_unknown_ids_names_each_of_them_and_creates_
     let (_, inbox) = s.http("GET", "/v1/conversations", Some(&ana), None).await;
     let body = json!({"kind": "group", "conv_id": "g-ok", "name": "Ok", "members": ["ben"]});
     assert_eq!(s.http("POST", "/v1/conversations", Some(&ana), Some(&body)).await.0, 201);
-    let (invite_status, invited) = s
-        .http("POST", "/v1/conversations/g-ok/members", Some(&ana), Some(&json!({"user_ids": ["zoe", "cai"]})))
-        .await;
+    let (invite_status, invited) =
+        s.http("POST", "/v1/conversations/g-ok/members", Some(&ana), Some(&json!({"user_ids": ["zoe", "cai"]}))).await;
     let pass = status == 404
         && created["error"]["code"] == "NOT_FOUND"
         && created["error"]["message"] == "users zoe, yan not found"

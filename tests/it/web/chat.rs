@@ -78,7 +78,7 @@ async fn two_users_chat_both_ways_and_another_device_sees_the_read_cursor_move()
     b2.shows_exactly(&all).await;
     a.screenshot("conversation").await;
     b.screenshot("conversation-other-side").await;
-    a.client.set_window_size(390, 780).await.expect("phone-sized window");
+    a.client.set_window_size(390, 844).await.expect("phone-sized window");
     a.screenshot("phone-conversation").await;
 
     let (sa, sb, sb2) = (seqs(&a.messages().await), seqs(&b.messages().await), seqs(&b2.messages().await));
@@ -94,7 +94,7 @@ async fn a_recalled_message_disappears_in_the_other_window() {
     let check = Check::start(
         SUITE,
         "web-recall",
-        "ana recalls her message with the page's Recall button while ben's window shows it",
+        "ana recalls her message from its menu (Recall…, then Yes) while ben's window shows it",
         "ben's window replaces the text by 'Message recalled' at the same seq, and the text is nowhere on his page",
     );
     let s = TestServer::start().await;
@@ -105,7 +105,9 @@ async fn a_recalled_message_disappears_in_the_other_window() {
     b.shows_exactly(&["Meet at the old place", "Sorry, wrong chat!"]).await;
     let before = b.messages().await;
 
-    a.click("#events li.msg.mine[data-seq] button.recall").await;
+    a.click("#events li.msg.mine[data-seq] button.more").await;
+    a.press("#events li.msg.mine[data-seq] .menu", "Recall…").await;
+    a.press("#events li.msg.mine[data-seq] .menu", "Yes, recall").await;
     b.until("the recall in ben's window", "document.querySelector('#events li.msg[data-recalled=true]')").await;
     b.shows_exactly(&["Message recalled", "Sorry, wrong chat!"]).await;
     a.shows_exactly(&["Message recalled", "Sorry, wrong chat!"]).await;
@@ -300,7 +302,12 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     b.until("the roster in ben's window", "document.querySelectorAll('#members li').length === 3").await;
     let over_owner = b.eval("document.querySelectorAll(\"#members li[data-user=ana] button\").length").await;
     b.click("#leave").await;
-    b.until("ben back at his inbox", "document.querySelector('#conv-pane').hidden").await;
+    b.until(
+        "ben's own standing after leaving",
+        "document.querySelector('#standing').textContent === 'You left this group.' && \
+         document.querySelector('#text').disabled",
+    )
+    .await;
     a.until(
         "ben's leave in ana's log",
         "[...document.querySelectorAll('#events li.system')].some(li => li.textContent === 'ben left')",

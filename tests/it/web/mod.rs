@@ -7,6 +7,7 @@
 //! `serving` checks how the server serves the page and its files.
 
 mod chat;
+mod round2;
 mod serving;
 
 use std::os::unix::process::CommandExt;
@@ -219,6 +220,25 @@ impl Window {
             .eval(&format!("document.querySelector(\"#inbox li[data-conv='{conv}'] .badge\")?.textContent ?? ''"))
             .await;
         v.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Types `keys` (text and `fantoccini::key::Key`s) into whatever has the focus, as a keyboard would.
+    pub async fn keys(&self, keys: &str) {
+        let focused = self.client.active_element().await.expect("the focused element");
+        focused.send_keys(keys).await.expect("keys");
+    }
+
+    /// Presses Tab until the focus is on `css` (at most 40 times); how many presses it took.
+    pub async fn tab_to(&self, css: &str) -> usize {
+        let focused = format!("document.activeElement?.matches({})", json!(css));
+        for presses in 0..40 {
+            if self.eval(&focused).await == json!(true) {
+                return presses;
+            }
+            self.keys(&fantoccini::key::Key::Tab.to_string()).await;
+        }
+        let at = self.eval("document.activeElement?.outerHTML.slice(0, 120)").await;
+        panic!("Tab never reached {css}; the focus is on {at}");
     }
 
     /// Writes a screenshot to `evidence/web/<name>.png`.
