@@ -322,7 +322,7 @@ function renderLog(toBottom = false) {
   const entry = chat.inbox.get(current);
   const s = standing();
   const ctx = {
-    me: me.user_id, entry, canSend: canSend(), firstUnread: ui.firstUnread, menu: ui.menu, confirming: ui.confirming,
+    me: me.user_id, entry, member: !s.left && !s.dismissed, canSend: canSend(), firstUnread: ui.firstUnread, menu: ui.menu, confirming: ui.confirming,
     unreadLoaded: !!ui.firstUnread && !!log && (log.nextBefore === null || log.oldest <= ui.firstUnread),
     notes: ui.notes, seen, find: (seq) => log?.events.get(seq), act: actions,
   };

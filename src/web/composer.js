@@ -90,8 +90,10 @@ export class Composer {
     this.reset();
   }
 
+  /// Fits the field to its lines (one line when empty or not laid out).
   grow() {
-    this.text.style.height = "auto";
+    this.text.style.height = "";
+    if (!this.text.value || !this.text.scrollHeight) return;
     this.text.style.height = `${Math.min(this.text.scrollHeight + 2, MAX_HEIGHT_PX)}px`;
   }
 

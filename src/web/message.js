@@ -27,7 +27,7 @@ function snippet(event) {
 }
 
 /// The items of `events` (ascending) and `pending` for `reconcile`. `ctx`:
-/// {me, entry, canSend, firstUnread, unreadLoaded (the log reaches back to it), menu, confirming, seen(seq) → text,
+/// {me, entry, member (a current member of an active conversation), canSend, firstUnread, unreadLoaded (the log reaches back to it), menu, confirming, seen(seq) → text,
 ///  notes: Map(seq → a failure to show), find(seq) → event, act: {menu, reply, edit, react, recall, confirm, jump, retry, discard}}.
 export function logItems(events, pending, ctx) {
   const items = [];
@@ -70,7 +70,8 @@ function messageItem(event, grouped, seen, ctx) {
   const age = Date.now() - Date.parse(event.created_at);
   const live = !event.recalled && ctx.canSend;
   const may = {
-    recall: mine && !event.recalled && age < (ctx.entry?.recall_window_ms ?? 0) && ctx.entry?.status !== "dismissed",
+    // A muted member may still recall its own message; a former member may not.
+    recall: mine && !event.recalled && ctx.member && age < (ctx.entry?.recall_window_ms ?? 0),
     edit: mine && live && age < (ctx.entry?.edit_window_ms ?? DEFAULT_EDIT_WINDOW_MS),
     react: live,
     reply: ctx.canSend,

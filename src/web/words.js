@@ -21,6 +21,8 @@ const SENTENCES = {
   EPOCH_CHANGED: "This conversation was restored; it is being reloaded.",
   NOT_FOUND: "That could not be found.",
   PAYLOAD_TOO_LARGE: "That is too long. Shorten it and try again.",
+  REQUEST_TIMEOUT: "That took too long to arrive. Try again.",
+  ALREADY_EXISTS: "That id is taken.",
   TOO_MANY_CONNECTIONS: "Too many of your devices are connected right now.",
   OVERLOADED: "The server is busy. It will be tried again.",
   INTERNAL: "Something went wrong on the server. Try again.",

@@ -128,7 +128,7 @@ async fn ones_own_standing_comes_from_the_log_and_a_failed_message_retries_once_
         "group of ana (owner), ben, cai. ben's window holds an unsent message when ana mutes him for an hour; \
          ana unmutes him; ana removes him. cai leaves from his window",
         "muted: composer disabled with 'You're muted until HH:MM', the message failed with a sentence and no Retry; \
-         unmuted: Retry appears and sends it once; removed: 'You were removed by ana.', no Invite or Leave; cai: \
+         unmuted: Retry appears and sends it once; removed: 'You were removed by ana.', no Invite, Leave or message actions; cai: \
          'You left this group.'",
     );
     let s = TestServer::start().await;
@@ -176,7 +176,12 @@ async fn ones_own_standing_comes_from_the_log_and_a_failed_message_retries_once_
     assert_eq!(s.http("DELETE", "/v1/conversations/g-team/members/ben", Some(&ana), None).await.0, 200);
     b.until("ben's removed standing", &format!("{} === 'You were removed by ana.'", text_of("#standing"))).await;
     b.click("#members-toggle").await;
-    let controls = b.eval("[document.querySelector('#invite').hidden, document.querySelector('#leave').hidden]").await;
+    let controls = b
+        .eval(
+            "[document.querySelector('#invite').hidden, document.querySelector('#leave').hidden, \
+               document.querySelectorAll('#events button.more').length]",
+        )
+        .await;
     b.screenshot("standing-removed").await;
 
     let c = driver.window(&login_url(s.port, &cai)).await;
@@ -194,14 +199,14 @@ async fn ones_own_standing_comes_from_the_log_and_a_failed_message_retries_once_
         && retry_while_muted == json!(false)
         && sent.len() == 1
         && sent[0]["client_msg_id"] == "late-1"
-        && controls == json!([true, true])
+        && controls == json!([true, true, 0])
         && lowest_muted["ratio"].as_f64().unwrap_or(0.0) >= 4.5;
     for w in [b, c] {
         w.close().await;
     }
     assert!(check.resolve(
         json!({"muted": muted_sentence, "failed": failed_line, "retry_while_muted": retry_while_muted,
-               "messages_in_log": sent.len(), "invite_and_leave_hidden_when_removed": controls,
+               "messages_in_log": sent.len(), "invite_leave_hidden_and_message_actions_when_removed": controls,
                "lowest_contrast": lowest_muted}),
         pass
     ));
@@ -367,6 +372,9 @@ async fn every_v1_2_feature_and_the_long_chat_niceties_work_between_two_windows(
     a.keys(&format!("see this{}", Key::Enter)).await;
     b.until("the @ badge", "document.querySelector(\"#inbox li[data-conv='g-three'] .badge.mention\")").await;
     b.screenshot("mention-badge").await;
+    b.open("g-three").await;
+    a.until("seen by ben", &format!("{} === 'Seen by 1'", text_of("#events li.msg.mine .seen"))).await;
+    let seen_in_group = a.eval(&text_of("#events li.msg.mine .seen")).await;
     // Past the group's recall window, the message's menu offers no Recall (Edit still).
     a.until("the message acknowledged", "document.querySelector('#events li.msg.mine[data-seq]')").await;
     a.until(
@@ -393,6 +401,7 @@ async fn every_v1_2_feature_and_the_long_chat_niceties_work_between_two_windows(
             .iter()
             .any(|m| m["text"] == "See you at 6" && m["edited"] == json!(true) && m["reactions"] == json!(["👍 1"]))
         && messages.iter().filter(|m| m["seen"] == "Seen").count() == 1
+        && seen_in_group == json!("Seen by 1")
         && notes == json!([["ana", "Are you there?"]])
         && after.as_f64() > before.as_f64()
         && lines == json!(4)
@@ -404,7 +413,25 @@ async fn every_v1_2_feature_and_the_long_chat_niceties_work_between_two_windows(
     }
     assert!(check.resolve(
         json!({"day_line": day_line, "arabic_rtl": rtl, "shown_to_ana": shown_a, "notifications": notes,
-               "menu_past_the_recall_window": menu_after_window, "composer_height": [before, after], "composer_lines": lines, "lowest_contrast": [lowest, lowest_b]}),
+               "menu_past_the_recall_window": menu_after_window, "seen_in_group": seen_in_group, "composer_height": [before, after], "composer_lines": lines, "lowest_contrast": [lowest, lowest_b]}),
         pass
     ));
+}
+
+#[test]
+fn every_protocol_error_code_has_a_sentence_in_the_page() {
+    let check = Check::start(
+        SUITE,
+        "30-every-code-has-a-sentence",
+        "the codes of PROTOCOL §2's table, against the sentences of src/web/words.js",
+        "each code has its own sentence (no raw server text reaches the person)",
+    );
+    let protocol = include_str!("../../../src/protocol/PROTOCOL.md");
+    let words = include_str!("../../../src/web/words.js");
+    let errors = protocol.split("## 2. Errors").nth(1).and_then(|s| s.split("\n## 3.").next()).unwrap_or_default();
+    let codes: Vec<&str> =
+        errors.lines().filter(|l| l.starts_with("| `")).filter_map(|l| l.split('`').nth(1)).collect();
+    let missing: Vec<&&str> = codes.iter().filter(|c| !words.contains(&format!("  {c}: \""))).collect();
+    let pass = codes.len() >= 20 && missing.is_empty();
+    assert!(check.resolve(json!({"codes": codes, "missing": missing}), pass), "{missing:?}");
 }
