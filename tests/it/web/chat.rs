@@ -332,8 +332,9 @@ async fn history_pages_backward_as_the_reader_scrolls_up() {
         SUITE,
         "web-history-paging",
         "100 messages sent over HTTP before ben opens the chat; ben scrolls to the top until the start",
-        "the chat opens on the newest page only; each scroll to the top adds an older page; in the end all 100 show \
-         once each in seq order and the 'Load older' button is gone",
+        "the chat opens on the newest page only, offering a jump to the first unread; each scroll to the top adds an \
+         older page; in the end all 100 show once each in seq order, the 'New messages' line before the first, and \
+         the 'Load older' button is gone",
     );
     let s = TestServer::start().await;
     let driver = Driver::start().await;
@@ -350,6 +351,9 @@ async fn history_pages_backward_as_the_reader_scrolls_up() {
     let count = "document.querySelectorAll('#events li.msg').length";
     b.until("the newest page", &format!("{count} > 0")).await;
     let first_page = b.eval(count).await.as_u64().unwrap_or_default();
+    // All 100 unread, the first of them not loaded yet: a way to jump there.
+    let jump_offered =
+        b.eval("!document.querySelector('#jump-unread').hidden && !document.querySelector('#first-unread')").await;
     let mut pages = vec![first_page];
     while pages.last().copied().unwrap_or_default() < SENT as u64 && pages.len() <= SENT {
         let shown = pages.last().copied().unwrap_or_default();
@@ -362,7 +366,19 @@ async fn history_pages_backward_as_the_reader_scrolls_up() {
     b.shows_exactly(&texts).await;
     b.until("no 'Load older' button at the start", "document.querySelector('#older').hidden").await;
     let shown = seqs(&b.messages().await);
-    let pass = first_page < SENT as u64 && pages.len() > 2 && shown.len() == SENT && ascending(&shown);
+    let line_before_first = b
+        .eval("document.querySelector('#first-unread')?.nextElementSibling?.querySelector('.body')?.textContent")
+        .await;
+    let pass = first_page < SENT as u64
+        && pages.len() > 2
+        && shown.len() == SENT
+        && ascending(&shown)
+        && jump_offered == json!(true)
+        && line_before_first == json!("message 1");
     b.close().await;
-    assert!(check.resolve(json!({"shown_after_each_scroll": pages, "seqs_ascending": ascending(&shown)}), pass));
+    assert!(check.resolve(
+        json!({"shown_after_each_scroll": pages, "seqs_ascending": ascending(&shown), "jump_offered": jump_offered,
+               "first_unread_line_before": line_before_first}),
+        pass
+    ));
 }
