@@ -40,6 +40,8 @@ let wanted = null;
 // failures to show under a message.
 const ui = { firstUnread: null, menu: null, confirming: null, notes: new Map() };
 
+// Direct peers whose presence was asked since the last (re)connect.
+const presenceAsked = new Set();
 const pickers = {};
 let composer = null;
 let members = null;
@@ -100,6 +102,11 @@ async function signIn(token) {
   });
   chat.addEventListener("incoming", (e) => notify(e.detail));
   signals.addEventListener("signals", () => current && renderLog());
+  // Signals missed while away are not sent again (PROTOCOL v1.2): ask anew.
+  connection.addEventListener("open", () => {
+    presenceAsked.clear();
+    if (current) liveSignals(current).catch(() => {});
+  });
   connection.start();
 }
 
@@ -186,7 +193,10 @@ function renderInbox() {
     wanted = null;
     openConversation(conv_id);
   }
-  if (current) $("conv-title").textContent = title(chat.inbox.get(current) || { conv_id: current }, chat.peers.get(current));
+  if (current) {
+    $("conv-title").textContent = title(chat.inbox.get(current) || { conv_id: current }, chat.peers.get(current));
+    askPresence();
+  }
 }
 
 // ---- the open conversation ----
@@ -209,16 +219,30 @@ async function openConversation(conv_id) {
   $("text").focus();
   try {
     await chat.open(conv_id);
-    const kind = entry?.kind ?? chat.inbox.get(conv_id)?.kind;
-    if (kind !== "direct") await chat.loadStanding(conv_id);
-    const peer = chat.peers.get(conv_id);
-    if (peer) signals.askPresence(peer).catch(() => {});
-    const count = chat.inbox.get(conv_id)?.member_count ?? 0;
-    if (kind === "direct" || count <= SEEN_MAX_MEMBERS) await signals.loadReads(conv_id);
+    if ((entry?.kind ?? chat.inbox.get(conv_id)?.kind) !== "direct") await chat.loadStanding(conv_id);
+    await liveSignals(conv_id);
   } catch (e) {
     if (conv_id === current) showProblem(e);
   }
   if (conv_id === current && $("first-unread")) $("first-unread").scrollIntoView({ block: "center" });
+}
+
+/// The other members' read cursors (small conversations) and a direct
+/// peer's presence, as they are now; later changes come as pushes.
+async function liveSignals(conv_id) {
+  askPresence();
+  const entry = chat.inbox.get(conv_id);
+  if (entry?.kind === "direct" || (entry?.member_count ?? 0) <= SEEN_MAX_MEMBERS) await signals.loadReads(conv_id);
+}
+
+/// Asks once per connection whether the open direct chat's peer is online
+/// (the peer may become known only after the chat opened).
+function askPresence() {
+  const entry = chat.inbox.get(current);
+  const peer = entry?.kind === "direct" ? chat.peers.get(current) : null;
+  if (!peer || presenceAsked.has(peer)) return;
+  presenceAsked.add(peer);
+  signals.askPresence(peer).catch(() => presenceAsked.delete(peer));
 }
 
 function closeConversation() {
