@@ -230,12 +230,22 @@ impl Window {
 
     /// Presses Tab until the focus is on `css` (at most 40 times); how many presses it took.
     pub async fn tab_to(&self, css: &str) -> usize {
+        self.tab_until(css, &fantoccini::key::Key::Tab.to_string()).await
+    }
+
+    /// Presses Shift+Tab until the focus is on `css` (at most 40 times); how many presses it took.
+    pub async fn tab_back_to(&self, css: &str) -> usize {
+        use fantoccini::key::Key;
+        self.tab_until(css, &format!("{}{}{}", Key::Shift, Key::Tab, Key::Null)).await
+    }
+
+    async fn tab_until(&self, css: &str, key: &str) -> usize {
         let focused = format!("document.activeElement?.matches({})", json!(css));
         for presses in 0..40 {
             if self.eval(&focused).await == json!(true) {
                 return presses;
             }
-            self.keys(&fantoccini::key::Key::Tab.to_string()).await;
+            self.keys(key).await;
         }
         let at = self.eval("document.activeElement?.outerHTML.slice(0, 120)").await;
         panic!("Tab never reached {css}; the focus is on {at}");

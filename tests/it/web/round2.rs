@@ -21,7 +21,7 @@ async fn people_are_found_in_any_case_by_keyboard_alone_and_a_phone_window_alway
         SUITE,
         "30-picker-keyboard-phone",
         "ana shares a group with bert; ben and zoe share nothing with her. Keyboard only: Tab to New chat, type \
-         'Ben', pick with Enter, start, write, Esc back. A group of 'bert, zoe, yan, xi'. Then at 390x844: Members, \
+         'Ben', pick with Enter, start, write, open the message's menu and close it, Esc back. A group of 'bert, zoe, yan, xi'. Then at 390x844: Members, \
          Esc, reload, Back",
         "'Be' suggests only bert; 'Ben' finds ben (exact id, any case); the chat starts and the message is sent \
          with keys alone; the group form names “yan”, “xi” next to its field and creates nothing; the members pane \
@@ -57,6 +57,19 @@ async fn people_are_found_in_any_case_by_keyboard_alone_and_a_phone_window_alway
     a.until("the composer focused", "document.activeElement?.id === 'text'").await;
     a.keys(&format!("Hi Ben, found you{}", Key::Enter)).await;
     a.shows_exactly(&["Hi Ben, found you"]).await;
+    // The message's actions, by keyboard: its menu opens on Enter, Esc closes it, focus comes back.
+    tabs += a.tab_back_to("#events li.msg.mine button.more").await;
+    a.keys(&Key::Enter.to_string()).await;
+    a.until("the menu open, its first item focused", "document.activeElement?.closest('.menu') !== null").await;
+    let menu_items = a.eval("[...document.querySelectorAll('#events .menu button')].map(b => b.textContent)").await;
+    a.screenshot("keyboard-menu").await;
+    a.keys(&Key::Escape.to_string()).await;
+    a.until(
+        "the menu closed, focus on its button",
+        "!document.querySelector('#events .menu') && \
+             document.activeElement?.matches('#events li.msg.mine button.more')",
+    )
+    .await;
     a.keys(&Key::Escape.to_string()).await;
     a.until("Esc back at the inbox", "document.querySelector('#conv-pane').hidden").await;
     let focus_after_esc = a.eval("document.activeElement?.closest('#inbox') !== null").await;
@@ -104,6 +117,7 @@ async fn people_are_found_in_any_case_by_keyboard_alone_and_a_phone_window_alway
     let fragment_after_back = a.eval("location.hash").await;
 
     let pass = suggested_be == json!(["bert"])
+        && menu_items.as_array().is_some_and(|m| m.contains(&json!("Edit")) && m.contains(&json!("Recall…")))
         && focus_after_esc == json!(true)
         && group_error.as_str().is_some_and(|e| e.contains("“yan”") && e.contains("“xi”") && !e.contains("zoe"))
         && chips == json!(["bert", "zoe"])
@@ -113,7 +127,7 @@ async fn people_are_found_in_any_case_by_keyboard_alone_and_a_phone_window_alway
         && fragment_after_back == json!("");
     a.close().await;
     assert!(check.resolve(
-        json!({"conv": conv, "tabs_to_reach_fields": tabs, "suggested_for_Be": suggested_be, "group_error": group_error,
+        json!({"conv": conv, "tabs_to_reach_fields": tabs, "suggested_for_Be": suggested_be, "menu_by_keyboard": menu_items, "group_error": group_error,
                "chips": chips, "conversations": conversations, "members_pane_covers_with_close": pane_covers,
                "title_after_reload": title_after_reload, "fragment_after_back": fragment_after_back}),
         pass
