@@ -174,7 +174,10 @@ function renderInbox() {
       { dataset: { conv: c.conv_id }, class: c.conv_id === current ? "current" : "" },
       el(
         "button",
-        { type: "button", class: "conv", "aria-current": c.conv_id === current ? "true" : null, "aria-label": label, onclick: () => openConversation(c.conv_id) },
+        {
+          type: "button", class: "conv", "aria-current": c.conv_id === current ? "true" : null, "aria-label": label,
+          onclick: () => openConversation(c.conv_id),
+        },
         el("span", { class: "title" }, name),
         el("time", { datetime: last?.created_at }, time(last?.created_at)),
         el("span", { class: "preview", dir: "auto" }, preview),
@@ -346,7 +349,8 @@ function renderLog(toBottom = false) {
   const entry = chat.inbox.get(current);
   const s = standing();
   const ctx = {
-    me: me.user_id, entry, member: !s.left && !s.dismissed, canSend: canSend(), firstUnread: ui.firstUnread, menu: ui.menu, confirming: ui.confirming,
+    me: me.user_id, entry, member: !s.left && !s.dismissed, canSend: canSend(),
+    firstUnread: ui.firstUnread, menu: ui.menu, confirming: ui.confirming,
     unreadLoaded: !!ui.firstUnread && !!log && (log.nextBefore === null || log.oldest <= ui.firstUnread),
     notes: ui.notes, seen, find: (seq) => log?.events.get(seq), act: actions,
   };
@@ -362,7 +366,8 @@ function renderLog(toBottom = false) {
   $("presence").hidden = !presence || presence.online === null;
   if (presence) {
     $("presence").dataset.online = String(!!presence.online);
-    $("presence").textContent = presence.online ? "online" : presence.last_seen ? `last seen ${time(presence.last_seen)}` : "offline";
+    const away = presence.last_seen ? `last seen ${time(presence.last_seen)}` : "offline";
+    $("presence").textContent = presence.online ? "online" : away;
   }
   jumpButton();
 }
@@ -372,7 +377,8 @@ function renderLog(toBottom = false) {
 function jumpButton() {
   const line = $("first-unread");
   const box = $("log").getBoundingClientRect();
-  $("jump-unread").hidden = !ui.firstUnread || (line ? line.getBoundingClientRect().bottom > box.top : !chat.logs.get(current)?.loaded);
+  const above = line ? line.getBoundingClientRect().bottom <= box.top : !!chat.logs.get(current)?.loaded;
+  $("jump-unread").hidden = !ui.firstUnread || !above;
 }
 
 async function jumpToUnread() {

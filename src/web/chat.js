@@ -450,7 +450,8 @@ export class Chat extends EventTarget {
   /// come too: the seq makes that a no-op).
   own(conv_id, event) {
     const log = this.log(conv_id);
-    log.put({ conv_id, sender: { user_id: this.me.user_id, device_id: this.me.device_id }, created_at: new Date().toISOString(), ...event });
+    const sender = { user_id: this.me.user_id, device_id: this.me.device_id };
+    log.put({ conv_id, sender, created_at: new Date().toISOString(), ...event });
     log.advance();
     this.changed("log", conv_id);
   }

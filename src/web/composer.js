@@ -114,7 +114,10 @@ export class Composer {
     this.active = 0;
     this.options.replaceChildren(
       ...users.map((u, i) =>
-        el("li", { role: "option", id: `mention-${i}`, "aria-selected": String(i === 0), dataset: { user: u }, onmousedown: (e) => (e.preventDefault(), this.mention(u)) }, `@${u}`),
+        el("li", {
+          role: "option", id: `mention-${i}`, "aria-selected": String(i === 0), dataset: { user: u },
+          onmousedown: (e) => (e.preventDefault(), this.mention(u)),
+        }, `@${u}`),
       ),
     );
     this.options.hidden = !users.length;

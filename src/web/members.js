@@ -87,11 +87,15 @@ export class MembersPane {
   render() {
     const standing = this.app.standing();
     const groupOp = (op, fields) =>
-      this.app.chat.groupOp(op, { conv_id: this.app.current(), ...fields }).then(() => this.load(false), (e) => this.problem(e));
+      this.app.chat
+        .groupOp(op, { conv_id: this.app.current(), ...fields })
+        .then(() => this.load(false), (e) => this.problem(e));
     const muted = (m) => m.mute_until && new Date(m.mute_until) > new Date();
     const items = this.members.map((m) => {
       const may = this.allowed(m, standing);
-      const button = (label, onclick) => el("button", { type: "button", "aria-label": `${label}: ${m.user_id}`, onclick }, label);
+      const button = (label, onclick) =>
+        el("button", { type: "button", "aria-label": `${label}: ${m.user_id}`, onclick }, label);
+      const muteUntil = muted(m) ? null : new Date(Date.now() + MUTE_FOR_MS).toISOString();
       const build = () => el(
         "li",
         { dataset: { user: m.user_id } },
@@ -102,7 +106,7 @@ export class MembersPane {
         may.role && button(m.role === "admin" ? "Make member" : "Make admin", () =>
           groupOp("set_role", { user_id: m.user_id, role: m.role === "admin" ? "member" : "admin" })),
         may.mute && button(muted(m) ? "Unmute" : "Mute 1 h", () =>
-          groupOp("mute_member", { user_id: m.user_id, mute_until: muted(m) ? null : new Date(Date.now() + MUTE_FOR_MS).toISOString() })),
+          groupOp("mute_member", { user_id: m.user_id, mute_until: muteUntil })),
         may.kick && button("Remove", () => groupOp("kick", { user_id: m.user_id })),
       );
       return { key: `m:${m.user_id}`, sig: JSON.stringify([m, may, muted(m)]), build };

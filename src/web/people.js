@@ -48,18 +48,25 @@ export class Picker {
     this.drawChips();
   }
 
+  /// The ids typed so far (commas or spaces between them); the last one is
+  /// being typed and gets the suggestions.
+  tokens() {
+    return this.input.value.split(/[\s,]+/);
+  }
+
   typed() {
     clearTimeout(this.timer);
     this.error("");
-    const text = this.input.value.trim();
-    if (!text) return this.show([]);
-    if (!ID_FORM.test(text)) {
+    const tokens = this.tokens();
+    const last = tokens.at(-1);
+    if (tokens.some((t) => t && !ID_FORM.test(t))) {
       this.show([]);
       return this.error("User ids use only letters, digits and . _ : @ - (up to 64).");
     }
+    if (!last) return this.show([]);
     this.timer = setTimeout(async () => {
-      const users = await this.search(text).catch(() => []);
-      if (this.input.value.trim() === text) this.show(users.filter((u) => !this.chosen.includes(u.user_id)));
+      const users = await this.search(last).catch(() => []);
+      if (this.tokens().at(-1) === last) this.show(users.filter((u) => !this.chosen.includes(u.user_id)));
     }, SEARCH_DELAY_MS);
   }
 
@@ -68,7 +75,10 @@ export class Picker {
     this.active = this.found.length ? 0 : -1;
     this.options.replaceChildren(
       ...this.found.map((u, i) =>
-        el("li", { role: "option", id: `${this.options.id}-${i}`, dataset: { user: u.user_id }, onmousedown: (e) => (e.preventDefault(), this.pick(u.user_id)) },
+        el("li", {
+          role: "option", id: `${this.options.id}-${i}`, dataset: { user: u.user_id },
+          onmousedown: (e) => (e.preventDefault(), this.pick(u.user_id)),
+        },
           u.user_id, u.display_name && el("span", { class: "display-name" }, ` · ${u.display_name}`)),
       ),
     );
@@ -96,9 +106,11 @@ export class Picker {
     this.highlight();
   }
 
+  /// Chooses `user_id` in place of the id being typed.
   pick(user_id) {
     this.chosen = this.single ? [user_id] : [...new Set([...this.chosen, user_id])];
-    this.input.value = "";
+    const before = this.tokens().slice(0, -1).filter(Boolean);
+    this.input.value = before.length ? `${before.join(", ")}, ` : "";
     this.error("");
     this.show([]);
     this.drawChips();
@@ -127,7 +139,8 @@ export class Picker {
     const typed = this.input.value.split(/[\s,]+/).filter(Boolean);
     const missing = [];
     for (const id of typed) {
-      const match = ID_FORM.test(id) && (await this.search(id).catch(() => [])).find((u) => u.user_id.toLowerCase() === id.toLowerCase());
+      const found = ID_FORM.test(id) ? await this.search(id).catch(() => []) : [];
+      const match = found.find((u) => u.user_id.toLowerCase() === id.toLowerCase());
       if (match) this.chosen = this.single ? [match.user_id] : [...new Set([...this.chosen, match.user_id])];
       else missing.push(id);
     }

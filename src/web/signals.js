@@ -4,8 +4,8 @@
 
 const TYPING_EXPIRES_MS = 6000; // PROTOCOL: `on: true` lasts 6 s unless repeated
 const TYPING_REPEAT_MS = 3000; // a typist repeats `on: true` this often
-// The server forwards one signal per second and device: an `on: false`
-// sooner than this after the `on: true` would be dropped, so it waits.
+// The server forwards one signal per second and device and drops the rest:
+// signals go out at least this far apart, the latest wanted state winning.
 const TYPING_SPACING_MS = 1100;
 const READS_PAGE = 200;
 
@@ -17,7 +17,7 @@ export class Signals extends EventTarget {
     this.typing = new Map(); // conv_id → Map(user_id → expiry time)
     this.presence = new Map(); // user_id → {online, last_seen}
     this.reads = new Map(); // conv_id → Map(user_id → read_seq)
-    this.typingSent = new Map(); // conv_id → when `on: true` was last sent
+    this.typingOut = new Map(); // conv_id → {on, onAt, sentAt, timer}: what this device says
     connection.addEventListener("push", (e) => this.onPush(e.detail));
   }
 
@@ -56,20 +56,21 @@ export class Signals extends EventTarget {
     return [...(this.typing.get(conv_id) || new Map())].filter(([, until]) => until > now).map(([user]) => user);
   }
 
-  /// The caller types (`on`) or stopped: `on: true` at most every few
-  /// seconds, `on: false` only after an `on: true`. Lost signals are harmless.
+  /// The caller types (`on`) or stopped: `on: true` repeated every few
+  /// seconds while typing, `on: false` only after an `on: true`; each sent
+  /// once the previous is a spacing old. Lost signals are harmless.
   type(conv_id, on) {
     if (this.connection.state !== "open") return;
-    const sent = this.typingSent.get(conv_id);
-    if (on && sent && Date.now() - sent < TYPING_REPEAT_MS) return;
-    if (!on && !sent) return;
-    if (on) this.typingSent.set(conv_id, Date.now());
-    else this.typingSent.delete(conv_id);
-    const wait = on ? 0 : Math.max(0, sent + TYPING_SPACING_MS - Date.now());
-    setTimeout(() => {
-      if (!on && this.typingSent.has(conv_id)) return; // typing again meanwhile
-      this.connection.request("typing", { conv_id, on }).catch(() => {});
-    }, wait);
+    const out = this.typingOut.get(conv_id) || { on: false, onAt: 0, sentAt: 0, timer: null };
+    this.typingOut.set(conv_id, out);
+    if (on === out.on && (!on || Date.now() - out.onAt < TYPING_REPEAT_MS)) return;
+    out.on = on;
+    if (on) out.onAt = Date.now();
+    clearTimeout(out.timer);
+    out.timer = setTimeout(() => {
+      out.sentAt = Date.now();
+      this.connection.request("typing", { conv_id, on: out.on }).catch(() => {});
+    }, Math.max(0, out.sentAt + TYPING_SPACING_MS - Date.now()));
   }
 
   /// Asks whether `user_id` is online (later changes come as pushes).

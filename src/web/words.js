@@ -46,7 +46,7 @@ export function standingSentence(standing, me, now = Date.now()) {
   if (standing.left === "kicked") return `You were removed by ${who(standing.by)}.`;
   if (standing.left === "left") return "You left this group.";
   if (standing.left) return "You are no longer a member.";
-  if (standing.muteUntil && standing.muteUntil > now) return `You're muted until ${time(new Date(standing.muteUntil).toISOString())}.`;
+  if (standing.muteUntil > now) return `You're muted until ${time(new Date(standing.muteUntil).toISOString())}.`;
   if (standing.muteAll && standing.role === "member") return "Only admins can send in this group right now.";
   return null;
 }

@@ -52,6 +52,7 @@ async fn two_users_chat_both_ways_and_another_device_sees_the_read_cursor_move()
 
     a.click("#new-chat summary").await;
     a.type_into("#direct-user", "ben").await;
+    a.until("ben suggested", "document.querySelector('#direct-options li[data-user=ben]')").await;
     a.click("#new-direct button[type=submit]").await;
     let conv = a.open_conv().await;
     a.say("Hi Ben, it's Ana").await;
@@ -244,6 +245,7 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     a.click("#new-chat summary").await;
     a.type_into("#group-name", "Team").await;
     a.type_into("#group-members", "ben, cai").await;
+    a.until("cai suggested", "document.querySelector('#group-options li[data-user=cai]')").await;
     a.click("#new-group button[type=submit]").await;
     let conv = a.open_conv().await;
     a.say("Welcome to the team").await;
@@ -260,6 +262,7 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     a.until("the whole roster again", &format!("{roster} === 'ana:owner ben:member cai:member'")).await;
 
     a.type_into("#invite-users", "dan").await;
+    a.until("dan suggested", "document.querySelector('#invite-options li[data-user=dan]')").await;
     a.click("#invite button[type=submit]").await;
     a.until("dan invited", &format!("{roster} === 'ana:owner ben:member cai:member dan:member'")).await;
     a.press("#members li[data-user=ben]", "Make admin").await;
