@@ -1,6 +1,7 @@
 // The client's state and its rules, without DOM: the inbox, each opened
 // conversation's log, the outbox of sends not yet acknowledged, and how each
-// is brought up to date after pushes, gaps and reconnects (PROTOCOL §4, §5, §7).
+// is brought up to date after pushes, gaps and reconnects (PROTOCOL §4, §5, §7),
+// the v1.2 writes (edit, react, reply, mentions), and the caller's own standing.
 //
 // Events: "inbox" (the inbox changed), "log" (detail: conv_id whose log
 // changed), "members" (detail: conv_id whose roster or roles changed),

@@ -4,6 +4,8 @@
 //! is a WebDriver session of its own (its own profile, so its own storage).
 //! Waits poll the page's DOM with a bound, never sleep. Screenshots of the
 //! main views go to `evidence/web/*.png`, records to `evidence/web/result.json`.
+//! `chat` is the first round (chatting, recall, restart, groups, paging),
+//! `round2` people, standing, phone, keyboard, long chats and v1.2;
 //! `serving` checks how the server serves the page and its files.
 
 mod chat;
