@@ -42,3 +42,12 @@ pub enum Rejection {
     #[error("blocked")]
     Blocked,
 }
+
+impl Rejection {
+    /// `NOT_FOUND` naming each id that is no user ("user zoe", "users ben, zoe"),
+    /// so a client can show which one failed.
+    pub fn unknown_users(ids: &[&str]) -> Self {
+        let noun = if ids.len() == 1 { "user" } else { "users" };
+        Rejection::NotFound(format!("{noun} {}", ids.join(", ")).into())
+    }
+}

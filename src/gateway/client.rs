@@ -22,6 +22,13 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("connection.js", "text/javascript; charset=utf-8", include_str!("../web/connection.js")),
     ("chat.js", "text/javascript; charset=utf-8", include_str!("../web/chat.js")),
     ("view.js", "text/javascript; charset=utf-8", include_str!("../web/view.js")),
+    ("log.js", "text/javascript; charset=utf-8", include_str!("../web/log.js")),
+    ("signals.js", "text/javascript; charset=utf-8", include_str!("../web/signals.js")),
+    ("message.js", "text/javascript; charset=utf-8", include_str!("../web/message.js")),
+    ("people.js", "text/javascript; charset=utf-8", include_str!("../web/people.js")),
+    ("composer.js", "text/javascript; charset=utf-8", include_str!("../web/composer.js")),
+    ("members.js", "text/javascript; charset=utf-8", include_str!("../web/members.js")),
+    ("words.js", "text/javascript; charset=utf-8", include_str!("../web/words.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../web/style.css")),
 ];
 

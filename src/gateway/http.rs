@@ -199,6 +199,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(resource("/v1/presence", vec![(Method::POST, op!("presence"))]))
     .service(resource("/v1/blocks", vec![(Method::POST, op!("block")), (Method::GET, op!("blocks"))]))
     .service(resource("/v1/blocks/{user_id}", vec![(Method::DELETE, op!("unblock"))]))
+    .service(resource("/v1/users", vec![(Method::GET, op!("search_users"))]))
     .service(resource("/v1/ping", vec![(Method::GET, op!("ping"))]))
     .service(resource("/v1/me", vec![(Method::GET, op!("whoami"))]));
 }

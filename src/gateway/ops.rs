@@ -253,6 +253,12 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
                 .collect();
             Reply::ok(json!({ "blocks": blocks }))
         }
+        Request::SearchUsers { prefix, limit } => {
+            let found = state.store.search_users(user, &prefix, limit).await?;
+            let users: Vec<Value> =
+                found.iter().map(|u| json!({"user_id": u.user_id.as_str(), "display_name": u.display_name})).collect();
+            Reply::ok(json!({ "users": users }))
+        }
         Request::Members { conv, after, limit, q } => {
             Reply::ok(members_json(&state.store.members(&conv, user, after, limit, q.as_deref()).await?))
         }

@@ -25,6 +25,10 @@ use crate::store::{
 /// Most users named in one `presence`.
 pub const MAX_PRESENCE_USERS: usize = 100;
 
+/// `search_users`: results when no `limit` is given, and the most a `limit` may ask.
+pub const SEARCH_USERS_DEFAULT_LIMIT: i64 = 10;
+pub const SEARCH_USERS_MAX_LIMIT: i64 = 50;
+
 /// Most members named in one `create_conversation`.
 pub const MAX_CREATE_MEMBERS: usize = 1000;
 /// Longest inbox cursor accepted: ours are the hex of `<µs>:<conv_id>`, at
@@ -118,6 +122,11 @@ pub enum Request {
     Blocks,
     /// `set_pusher`, `remove_pusher`, `set_notify` (PROTOCOL v1.3).
     Push(PushOp),
+    /// The people picker (PROTOCOL v1.2): `prefix` has the form of a user id.
+    SearchUsers {
+        prefix: String,
+        limit: i64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -160,6 +169,7 @@ impl Request {
             Request::Unblock { .. } => "unblock",
             Request::Blocks => "blocks",
             Request::Push(op) => op.name(),
+            Request::SearchUsers { .. } => "search_users",
         }
     }
 
@@ -174,6 +184,7 @@ impl Request {
                 | Request::ConversationsSince { .. }
                 | Request::Members { .. }
                 | Request::Applications { .. }
+                | Request::SearchUsers { .. }
         )
     }
 
@@ -202,7 +213,8 @@ impl Request {
             | Request::Block { .. }
             | Request::Unblock { .. }
             | Request::Blocks
-            | Request::Push(_) => None,
+            | Request::Push(_)
+            | Request::SearchUsers { .. } => None,
         }
     }
 
@@ -277,6 +289,13 @@ impl Request {
             "block" => Request::Block { user: f.user_id("user_id")? },
             "unblock" => Request::Unblock { user: f.user_id("user_id")? },
             "blocks" => Request::Blocks,
+            "search_users" => Request::SearchUsers {
+                prefix: UserId::parse(f.str("prefix")?)
+                    .map_err(|_| ApiError::bad_request("`prefix` must be 1-64 characters of A-Z a-z 0-9 . _ : @ -"))?
+                    .as_str()
+                    .to_owned(),
+                limit: f.int_in("limit", 1, SEARCH_USERS_MAX_LIMIT)?.unwrap_or(SEARCH_USERS_DEFAULT_LIMIT),
+            },
             "applications" => {
                 let (after, limit) = group::parse_applications(&f)?;
                 Request::Applications { conv: f.conv_id()?, after, limit }

@@ -166,7 +166,7 @@ pub(super) fn conversation_from_row_at(r: &Row, at: usize) -> Result<Conversatio
 /// `$1` the creator and the members it names: their rows share-locked, so a
 /// block by one of them (which locks its own row) is either committed and
 /// seen by the read after this, or waits for the creation (blocks.rs).
-const LOCK_NAMED_USERS: &str = "SELECT 1 FROM users WHERE user_id = ANY($1) ORDER BY user_id FOR SHARE";
+const LOCK_NAMED_USERS: &str = "SELECT user_id FROM users WHERE user_id = ANY($1) ORDER BY user_id FOR SHARE";
 
 /// `$1` the creator, `$2` the members it names: one who blocked the creator.
 const BLOCKER_AMONG: &str = "SELECT 1 FROM blocks WHERE blocked = $1 AND blocker = ANY($2) LIMIT 1";
@@ -178,14 +178,25 @@ const FLAG_BLOCKED_AT_CREATION: &str = "
 UPDATE members SET blocked = true
  WHERE conv_id = $1 AND user_id = $3 AND EXISTS (SELECT 1 FROM blocks WHERE blocker = $2 AND blocked = $3)";
 
-/// `BLOCKED` when one of `others` blocked `creator` (PROTOCOL v1.2): a direct
-/// conversation is not created (nor an existing one answered), a group is not
-/// created with that member.
-async fn refuse_blockers(tx: &impl GenericClient, creator: &UserId, others: &[UserId]) -> Result<(), StoreError> {
+/// `NOT_FOUND` naming every one of `others` that is no user (so a client can
+/// say which id failed); then `BLOCKED` when one of them blocked `creator`
+/// (PROTOCOL v1.2): a direct conversation is not created (nor an existing one
+/// answered), a group is not created with that member.
+async fn refuse_unknown_and_blockers(
+    tx: &impl GenericClient,
+    creator: &UserId,
+    others: &[UserId],
+) -> Result<(), StoreError> {
     let mut named: Vec<&str> = others.iter().map(UserId::as_str).collect();
     let others_only = named.clone();
     named.push(creator.as_str());
-    tx.execute_typed(LOCK_NAMED_USERS, &[(&named, Type::TEXT_ARRAY)]).await?;
+    let found = tx.query_typed(LOCK_NAMED_USERS, &[(&named, Type::TEXT_ARRAY)]).await?;
+    let found: std::collections::HashSet<&str> = found.iter().map(|r| r.get(0)).collect();
+    let mut seen = std::collections::HashSet::new();
+    let unknown: Vec<&str> = others_only.iter().copied().filter(|u| !found.contains(u) && seen.insert(*u)).collect();
+    if !unknown.is_empty() {
+        return Err(Rejection::unknown_users(&unknown).into());
+    }
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&creator.as_str(), Type::TEXT), (&others_only, Type::TEXT_ARRAY)];
     if tx.query_typed_opt(BLOCKER_AMONG, &params).await?.is_some() {
         return Err(Rejection::Blocked.into());
@@ -224,7 +235,7 @@ impl Store {
         let mut conn = self.pool.get().await?;
         let (client, prepared) = conn.split().await?;
         let tx = client.transaction().await?;
-        refuse_blockers(&tx, creator, others).await?;
+        refuse_unknown_and_blockers(&tx, creator, others).await?;
         let inserted = tx
             .execute_typed(
                 "INSERT INTO conversations (conv_id, kind, name, owner, delivery_mode, join_mode, max_member,

@@ -170,7 +170,7 @@ async fn caller_role(
 }
 
 /// `q` as the literal start of a LIKE pattern (its `%`, `_` and `\` escaped).
-fn escape_like(q: &str) -> String {
+pub(super) fn escape_like(q: &str) -> String {
     let mut out = String::with_capacity(q.len());
     for ch in q.chars() {
         if matches!(ch, '%' | '_' | '\\') {

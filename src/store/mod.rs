@@ -20,6 +20,7 @@ mod inbox;
 mod members;
 mod migrate;
 mod notify;
+mod people;
 mod port;
 mod presence;
 mod pushers;
@@ -45,6 +46,7 @@ pub use members::{
 };
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use notify::{Behind, ConvFacts, DueRow};
+pub use people::{FoundUser, SEARCH_USERS};
 pub use presence::Membership;
 pub use pushers::{NewPusher, NotifyLevel};
 pub use read::{MarkedRead, MemberRead, ReadsPage};

@@ -1,55 +1,21 @@
 // The client's state and its rules, without DOM: the inbox, each opened
 // conversation's log, the outbox of sends not yet acknowledged, and how each
-// is brought up to date after pushes, gaps and reconnects (PROTOCOL §4, §5, §7).
+// is brought up to date after pushes, gaps and reconnects (PROTOCOL §4, §5, §7),
+// the v1.2 writes (edit, react, reply, mentions), and the caller's own standing.
 //
 // Events: "inbox" (the inbox changed), "log" (detail: conv_id whose log
 // changed), "members" (detail: conv_id whose roster or roles changed),
-// "problem" (detail: a message for the person).
+// "incoming" (detail: {conv_id, event}, a new message of someone else),
+// "problem" (detail: the error, for the person).
 
 import { RequestError } from "./connection.js";
+import { Log } from "./log.js";
 
 const PAGE_BACK = 40; // events per backward page
 const PAGE_FORWARD = 200; // events per forward sync page
 const INBOX_PAGE = 50;
 const OVERLOADED_RETRY_MS = 1000;
 const OUTBOX_KEY = "imcore.outbox";
-
-/// The events of one conversation this client holds: a window of the log
-/// from `oldest` up to `top`, the newest seq up to which nothing is missing.
-class Log {
-  constructor() {
-    this.events = new Map();
-    this.top = 0;
-    this.oldest = Infinity;
-    // Where backward paging goes on; null once the start of history is loaded.
-    this.nextBefore = null;
-    this.epoch = undefined;
-    this.loaded = false;
-    // Pushes may have been missed (reconnected): sync forward before trusting `top`.
-    this.stale = false;
-    this.syncing = null;
-    this.syncAgain = false;
-  }
-
-  sorted() {
-    return [...this.events.values()].sort((a, b) => a.seq - b.seq);
-  }
-
-  /// Adds or replaces one event; a recall marks its target recalled.
-  put(event) {
-    this.events.set(event.seq, event);
-    this.oldest = Math.min(this.oldest, event.seq);
-    if (event.kind === "recall") {
-      const target = this.events.get(event.target_seq);
-      if (target) this.events.set(target.seq, { ...target, recalled: true, body: null });
-    }
-  }
-
-  /// Moves `top` over events already held right above it.
-  advance() {
-    while (this.events.has(this.top + 1)) this.top += 1;
-  }
-}
 
 export function newClientMsgId() {
   return crypto.randomUUID();
@@ -67,6 +33,8 @@ export class Chat extends EventTarget {
     this.logs = new Map();
     // A direct chat's other member, by conv_id (its id is a digest of the pair).
     this.peers = new Map();
+    // The caller's own member row of a group, as fetched: {role, muteUntil, seq}.
+    this.standings = new Map();
     this.openConv = null;
     this.outbox = JSON.parse(sessionStorage.getItem(OUTBOX_KEY) || "[]").map((m) => ({ ...m, state: "waiting" }));
     this.inboxRefresh = null;
@@ -83,7 +51,7 @@ export class Chat extends EventTarget {
   }
 
   problem(error) {
-    this.dispatchEvent(new CustomEvent("problem", { detail: error.message || String(error) }));
+    this.dispatchEvent(new CustomEvent("problem", { detail: error }));
   }
 
   /// After every (re)connect: the inbox (a `since` delta where the server
@@ -178,6 +146,10 @@ export class Chat extends EventTarget {
     }
     if (isNew && event.kind === "msg" && event.sender.user_id !== this.me.user_id && event.seq > entry.read_seq) {
       entry.unread = Math.min(1000, (entry.unread || 0) + 1);
+      if (event.mentions?.includes(this.me.user_id) || event.body?.mention_all === true) {
+        entry.unread_mentions = Math.min(100, (entry.unread_mentions || 0) + 1);
+      }
+      this.dispatchEvent(new CustomEvent("incoming", { detail: { conv_id, event } }));
     }
     if (event.kind === "group" && event.change?.profile) Object.assign(entry, event.change.profile);
     if (event.kind === "group" && event.change?.status) entry.status = event.change.status;
@@ -239,7 +211,7 @@ export class Chat extends EventTarget {
     entry.read_seq = Math.max(entry.read_seq || 0, read_seq);
     const log = this.logs.get(conv_id);
     if (read_seq >= (entry.head || 0)) {
-      entry.unread = 0;
+      entry.unread = entry.unread_mentions = 0;
     } else if (log?.loaded && log.oldest <= read_seq + 1 && log.top >= (entry.head || 0)) {
       entry.unread = log.sorted().filter(
         (e) => e.kind === "msg" && e.seq > read_seq && !e.recalled && e.sender.user_id !== this.me.user_id,
@@ -253,7 +225,7 @@ export class Chat extends EventTarget {
   // ---- a conversation's log ----
 
   log(conv_id) {
-    if (!this.logs.has(conv_id)) this.logs.set(conv_id, new Log());
+    if (!this.logs.has(conv_id)) this.logs.set(conv_id, new Log(this.me.user_id));
     return this.logs.get(conv_id);
   }
 
@@ -276,7 +248,7 @@ export class Chat extends EventTarget {
     const entry = this.inbox.get(conv_id) || (await this.request("get_conversation", { conv_id }));
     const before = (entry.head || 0) + 1;
     const page = await this.request("sync", { conv_id, before_seq: before, limit: PAGE_BACK });
-    for (const event of page.events) log.put(event);
+    for (const event of page.events) log.put({ ...event, asOf: page.head });
     log.top = before - 1;
     log.epoch = page.epoch;
     log.nextBefore = page.has_more ? (page.next_before ?? page.events[0]?.seq) : null;
@@ -318,12 +290,12 @@ export class Chat extends EventTarget {
       } catch (e) {
         if (e.code !== "EPOCH_CHANGED") throw e;
         // The log was rebuilt (restore): what this client holds is not it any more.
-        this.logs.set(conv_id, new Log());
+        this.logs.set(conv_id, new Log(this.me.user_id));
         if (this.openConv === conv_id) await this.loadLatest(conv_id);
         return;
       }
       for (const event of page.events) {
-        log.put(event);
+        log.put({ ...event, asOf: page.head });
         this.noteEvent(conv_id, event);
         this.settle(conv_id, event);
       }
@@ -342,7 +314,7 @@ export class Chat extends EventTarget {
     log.loadingOlder = true;
     try {
       const page = await this.request("sync", { conv_id, before_seq: log.nextBefore, limit: PAGE_BACK });
-      for (const event of page.events) log.put(event);
+      for (const event of page.events) log.put({ ...event, asOf: page.head });
       log.nextBefore = page.has_more ? (page.next_before ?? page.events[0]?.seq) : null;
       this.changed("log", conv_id);
     } finally {
@@ -358,7 +330,7 @@ export class Chat extends EventTarget {
     const seq = log.top;
     if (seq <= (entry.read_seq || 0) && (!entry.unread || seq < (entry.head || 0))) return;
     entry.read_seq = Math.max(entry.read_seq || 0, seq);
-    entry.unread = 0;
+    entry.unread = entry.unread_mentions = 0;
     this.changed("inbox");
     this.request("read", { conv_id, seq }).then(
       (r) => (entry.read_seq = Math.max(entry.read_seq, r.read_seq)),
@@ -369,7 +341,8 @@ export class Chat extends EventTarget {
   // ---- sending ----
 
   saveOutbox() {
-    const kept = this.outbox.map(({ conv_id, client_msg_id, body }) => ({ conv_id, client_msg_id, body }));
+    const kept = this.outbox.map(({ conv_id, client_msg_id, body, reply_to, mentions }) =>
+      ({ conv_id, client_msg_id, body, reply_to, mentions }));
     sessionStorage.setItem(OUTBOX_KEY, JSON.stringify(kept));
   }
 
@@ -377,8 +350,9 @@ export class Chat extends EventTarget {
     return this.outbox.filter((m) => m.conv_id === conv_id);
   }
 
-  send(conv_id, text) {
-    const message = { conv_id, client_msg_id: newClientMsgId(), body: { type: "text", text }, state: "waiting" };
+  /// `extra`: `reply_to` (a seq) and `mentions` (user ids), when any.
+  send(conv_id, text, extra = {}) {
+    const message = { conv_id, client_msg_id: newClientMsgId(), body: { type: "text", text }, state: "waiting", ...extra };
     this.outbox.push(message);
     this.saveOutbox();
     this.transmit(message);
@@ -391,11 +365,10 @@ export class Chat extends EventTarget {
     message.state = "sending";
     this.changed("log", message.conv_id);
     try {
-      const ack = await this.request("send", {
-        conv_id: message.conv_id,
-        client_msg_id: message.client_msg_id,
-        body: message.body,
-      });
+      const fields = { conv_id: message.conv_id, client_msg_id: message.client_msg_id, body: message.body };
+      if (message.reply_to) fields.reply_to = message.reply_to;
+      if (message.mentions?.length) fields.mentions = message.mentions;
+      const ack = await this.request("send", fields);
       const event = {
         conv_id: message.conv_id,
         seq: ack.seq,
@@ -406,12 +379,14 @@ export class Chat extends EventTarget {
         body: message.body,
         recalled: false,
         created_at: ack.created_at,
+        reply_to: message.reply_to,
+        mentions: message.mentions,
       };
       this.acknowledged(message.conv_id, event);
     } catch (e) {
       if (!(e instanceof RequestError)) throw e;
       message.state = e.retryable ? "waiting" : "failed";
-      message.error = e.retryable ? null : e.message;
+      message.error = e.retryable ? null : e;
       if (e.code === "OVERLOADED") setTimeout(() => this.transmit(message), OVERLOADED_RETRY_MS);
       this.changed("log", message.conv_id);
     }
@@ -441,6 +416,14 @@ export class Chat extends EventTarget {
     this.saveOutbox();
   }
 
+  /// A failed message sent again, with its client_msg_id (PROTOCOL §5).
+  retry(client_msg_id) {
+    const message = this.outbox.find((m) => m.client_msg_id === client_msg_id);
+    if (!message || message.state !== "failed") return;
+    message.state = "waiting";
+    this.transmit(message);
+  }
+
   discard(client_msg_id) {
     this.outbox = this.outbox.filter((m) => m.client_msg_id !== client_msg_id);
     this.saveOutbox();
@@ -464,6 +447,65 @@ export class Chat extends EventTarget {
     this.changed("inbox");
   }
 
+  /// Puts an event this client caused into the log at once (its push may
+  /// come too: the seq makes that a no-op).
+  own(conv_id, event) {
+    const log = this.log(conv_id);
+    const sender = { user_id: this.me.user_id, device_id: this.me.device_id };
+    log.put({ conv_id, sender, created_at: new Date().toISOString(), ...event });
+    log.advance();
+    this.changed("log", conv_id);
+  }
+
+  async edit(conv_id, target_seq, text) {
+    const body = { type: "text", text };
+    const reply = await this.request("edit", { conv_id, client_msg_id: newClientMsgId(), target_seq, body });
+    this.own(conv_id, { seq: reply.seq, kind: "edit", target_seq, body });
+  }
+
+  async react(conv_id, target_seq, emoji, on) {
+    const reply = await this.request("react", { conv_id, target_seq, emoji, on });
+    if (reply.changed) this.own(conv_id, { seq: reply.seq, kind: "reaction", target_seq, emoji, on });
+  }
+
+  /// The caller's standing in `conv_id`: its member row as last fetched,
+  /// then every event of the log after it that is about the caller.
+  standing(conv_id) {
+    const entry = this.inbox.get(conv_id);
+    const base = this.standings.get(conv_id) || { role: entry?.owner === this.me.user_id ? "owner" : "member", seq: 0 };
+    const s = { ...base, dismissed: entry?.status === "dismissed", muteAll: !!entry?.mute_all };
+    const me = this.me.user_id;
+    for (const e of this.logs.get(conv_id)?.sorted() || []) {
+      if (e.seq <= base.seq) continue;
+      const c = e.change || {};
+      if (e.kind === "join" && e.subject_user === me) Object.assign(s, { left: null, by: null, role: "member" });
+      if (e.kind === "leave" && e.subject_user === me) Object.assign(s, { left: e.reason, by: e.actor });
+      if (c.role?.user_id === me) s.role = c.role.role;
+      if (c.mute?.user_id === me) s.muteUntil = c.mute.mute_until ? Date.parse(c.mute.mute_until) : 0;
+      if (c.owner) s.role = c.owner.to === me ? "owner" : c.owner.from === me ? "admin" : s.role;
+      if (c.status === "dismissed") s.dismissed = true;
+      if (c.profile && "mute_all" in c.profile) s.muteAll = c.profile.mute_all;
+    }
+    return s;
+  }
+
+  /// Fetches the caller's own member row of a group (role, mute); a former
+  /// member has none, and its standing comes from the log alone.
+  async loadStanding(conv_id) {
+    const seq = this.logs.get(conv_id)?.top || 0;
+    try {
+      const page = await this.members(conv_id, { q: this.me.user_id });
+      const row = page.members.find((m) => m.user_id === this.me.user_id);
+      if (row) {
+        const muteUntil = row.mute_until ? Date.parse(row.mute_until) : 0;
+        this.standings.set(conv_id, { role: row.role, muteUntil, seq });
+      }
+    } catch (e) {
+      if (e.code !== "NOT_MEMBER") throw e;
+    }
+    this.changed("log", conv_id);
+  }
+
   // ---- conversations and groups ----
 
   async create(fields) {
@@ -471,6 +513,11 @@ export class Chat extends EventTarget {
     this.upsert(conversation);
     this.changed("inbox");
     return conversation.conv_id;
+  }
+
+  /// The people picker's search (PROTOCOL v1.2 `search_users`).
+  async searchUsers(prefix) {
+    return (await this.request("search_users", { prefix, limit: 8 })).users;
   }
 
   members(conv_id, { after, q } = {}) {

@@ -34,6 +34,7 @@ mod live;
 mod live_cluster;
 mod notify;
 mod overload;
+mod people;
 mod persistence;
 mod presence;
 mod recall;

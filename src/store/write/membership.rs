@@ -53,8 +53,9 @@ impl BatchBuilder {
         if !may_add && self.join_mode != JoinMode::Approval {
             return Err(Rejection::Forbidden("your role may not invite".into()));
         }
-        if users.iter().any(|u| !known_users.contains(u)) {
-            return Err(Rejection::NotFound("user".into()));
+        let unknown: Vec<&str> = users.iter().filter(|u| !known_users.contains(*u)).map(UserId::as_str).collect();
+        if !unknown.is_empty() {
+            return Err(Rejection::unknown_users(&unknown));
         }
         // One invitee who blocked the inviter refuses the whole request, like an unknown one.
         if users.iter().any(|u| blockers.contains(&(u.clone(), actor.clone()))) {

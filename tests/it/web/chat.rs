@@ -52,6 +52,7 @@ async fn two_users_chat_both_ways_and_another_device_sees_the_read_cursor_move()
 
     a.click("#new-chat summary").await;
     a.type_into("#direct-user", "ben").await;
+    a.until("ben suggested", "document.querySelector('#direct-options li[data-user=ben]')").await;
     a.click("#new-direct button[type=submit]").await;
     let conv = a.open_conv().await;
     a.say("Hi Ben, it's Ana").await;
@@ -78,7 +79,7 @@ async fn two_users_chat_both_ways_and_another_device_sees_the_read_cursor_move()
     b2.shows_exactly(&all).await;
     a.screenshot("conversation").await;
     b.screenshot("conversation-other-side").await;
-    a.client.set_window_size(390, 780).await.expect("phone-sized window");
+    a.client.set_window_size(390, 844).await.expect("phone-sized window");
     a.screenshot("phone-conversation").await;
 
     let (sa, sb, sb2) = (seqs(&a.messages().await), seqs(&b.messages().await), seqs(&b2.messages().await));
@@ -94,7 +95,7 @@ async fn a_recalled_message_disappears_in_the_other_window() {
     let check = Check::start(
         SUITE,
         "web-recall",
-        "ana recalls her message with the page's Recall button while ben's window shows it",
+        "ana recalls her message from its menu (Recall…, then Yes) while ben's window shows it",
         "ben's window replaces the text by 'Message recalled' at the same seq, and the text is nowhere on his page",
     );
     let s = TestServer::start().await;
@@ -105,7 +106,9 @@ async fn a_recalled_message_disappears_in_the_other_window() {
     b.shows_exactly(&["Meet at the old place", "Sorry, wrong chat!"]).await;
     let before = b.messages().await;
 
-    a.click("#events li.msg.mine[data-seq] button.recall").await;
+    a.click("#events li.msg.mine[data-seq] button.more").await;
+    a.press("#events li.msg.mine[data-seq] .menu", "Recall…").await;
+    a.press("#events li.msg.mine[data-seq] .menu", "Yes, recall").await;
     b.until("the recall in ben's window", "document.querySelector('#events li.msg[data-recalled=true]')").await;
     b.shows_exactly(&["Message recalled", "Sorry, wrong chat!"]).await;
     a.shows_exactly(&["Message recalled", "Sorry, wrong chat!"]).await;
@@ -242,6 +245,7 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     a.click("#new-chat summary").await;
     a.type_into("#group-name", "Team").await;
     a.type_into("#group-members", "ben, cai").await;
+    a.until("cai suggested", "document.querySelector('#group-options li[data-user=cai]')").await;
     a.click("#new-group button[type=submit]").await;
     let conv = a.open_conv().await;
     a.say("Welcome to the team").await;
@@ -258,6 +262,7 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     a.until("the whole roster again", &format!("{roster} === 'ana:owner ben:member cai:member'")).await;
 
     a.type_into("#invite-users", "dan").await;
+    a.until("dan suggested", "document.querySelector('#invite-options li[data-user=dan]')").await;
     a.click("#invite button[type=submit]").await;
     a.until("dan invited", &format!("{roster} === 'ana:owner ben:member cai:member dan:member'")).await;
     a.press("#members li[data-user=ben]", "Make admin").await;
@@ -300,7 +305,12 @@ async fn a_group_is_created_and_managed_from_the_page_as_the_roles_allow() {
     b.until("the roster in ben's window", "document.querySelectorAll('#members li').length === 3").await;
     let over_owner = b.eval("document.querySelectorAll(\"#members li[data-user=ana] button\").length").await;
     b.click("#leave").await;
-    b.until("ben back at his inbox", "document.querySelector('#conv-pane').hidden").await;
+    b.until(
+        "ben's own standing after leaving",
+        "document.querySelector('#standing').textContent === 'You left this group.' && \
+         document.querySelector('#text').disabled",
+    )
+    .await;
     a.until(
         "ben's leave in ana's log",
         "[...document.querySelectorAll('#events li.system')].some(li => li.textContent === 'ben left')",
@@ -325,8 +335,9 @@ async fn history_pages_backward_as_the_reader_scrolls_up() {
         SUITE,
         "web-history-paging",
         "100 messages sent over HTTP before ben opens the chat; ben scrolls to the top until the start",
-        "the chat opens on the newest page only; each scroll to the top adds an older page; in the end all 100 show \
-         once each in seq order and the 'Load older' button is gone",
+        "the chat opens on the newest page only, offering a jump to the first unread; each scroll to the top adds an \
+         older page; in the end all 100 show once each in seq order, the 'New messages' line before the first, and \
+         the 'Load older' button is gone",
     );
     let s = TestServer::start().await;
     let driver = Driver::start().await;
@@ -343,6 +354,9 @@ async fn history_pages_backward_as_the_reader_scrolls_up() {
     let count = "document.querySelectorAll('#events li.msg').length";
     b.until("the newest page", &format!("{count} > 0")).await;
     let first_page = b.eval(count).await.as_u64().unwrap_or_default();
+    // All 100 unread, the first of them not loaded yet: a way to jump there.
+    let jump_offered =
+        b.eval("!document.querySelector('#jump-unread').hidden && !document.querySelector('#first-unread')").await;
     let mut pages = vec![first_page];
     while pages.last().copied().unwrap_or_default() < SENT as u64 && pages.len() <= SENT {
         let shown = pages.last().copied().unwrap_or_default();
@@ -355,7 +369,19 @@ async fn history_pages_backward_as_the_reader_scrolls_up() {
     b.shows_exactly(&texts).await;
     b.until("no 'Load older' button at the start", "document.querySelector('#older').hidden").await;
     let shown = seqs(&b.messages().await);
-    let pass = first_page < SENT as u64 && pages.len() > 2 && shown.len() == SENT && ascending(&shown);
+    let line_before_first = b
+        .eval("document.querySelector('#first-unread')?.nextElementSibling?.querySelector('.body')?.textContent")
+        .await;
+    let pass = first_page < SENT as u64
+        && pages.len() > 2
+        && shown.len() == SENT
+        && ascending(&shown)
+        && jump_offered == json!(true)
+        && line_before_first == json!("message 1");
     b.close().await;
-    assert!(check.resolve(json!({"shown_after_each_scroll": pages, "seqs_ascending": ascending(&shown)}), pass));
+    assert!(check.resolve(
+        json!({"shown_after_each_scroll": pages, "seqs_ascending": ascending(&shown), "jump_offered": jump_offered,
+               "first_unread_line_before": line_before_first}),
+        pass
+    ));
 }

@@ -4,9 +4,12 @@
 //! is a WebDriver session of its own (its own profile, so its own storage).
 //! Waits poll the page's DOM with a bound, never sleep. Screenshots of the
 //! main views go to `evidence/web/*.png`, records to `evidence/web/result.json`.
+//! `chat` is the first round (chatting, recall, restart, groups, paging),
+//! `round2` people, standing, phone, keyboard, long chats and v1.2;
 //! `serving` checks how the server serves the page and its files.
 
 mod chat;
+mod round2;
 mod serving;
 
 use std::os::unix::process::CommandExt;
@@ -219,6 +222,35 @@ impl Window {
             .eval(&format!("document.querySelector(\"#inbox li[data-conv='{conv}'] .badge\")?.textContent ?? ''"))
             .await;
         v.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Types `keys` (text and `fantoccini::key::Key`s) into whatever has the focus, as a keyboard would.
+    pub async fn keys(&self, keys: &str) {
+        let focused = self.client.active_element().await.expect("the focused element");
+        focused.send_keys(keys).await.expect("keys");
+    }
+
+    /// Presses Tab until the focus is on `css` (at most 40 times); how many presses it took.
+    pub async fn tab_to(&self, css: &str) -> usize {
+        self.tab_until(css, &fantoccini::key::Key::Tab.to_string()).await
+    }
+
+    /// Presses Shift+Tab until the focus is on `css` (at most 40 times); how many presses it took.
+    pub async fn tab_back_to(&self, css: &str) -> usize {
+        use fantoccini::key::Key;
+        self.tab_until(css, &format!("{}{}{}", Key::Shift, Key::Tab, Key::Null)).await
+    }
+
+    async fn tab_until(&self, css: &str, key: &str) -> usize {
+        let focused = format!("document.activeElement?.matches({})", json!(css));
+        for presses in 0..40 {
+            if self.eval(&focused).await == json!(true) {
+                return presses;
+            }
+            self.keys(key).await;
+        }
+        let at = self.eval("document.activeElement?.outerHTML.slice(0, 120)").await;
+        panic!("Tab never reached {css}; the focus is on {at}");
     }
 
     /// Writes a screenshot to `evidence/web/<name>.png`.
