@@ -253,8 +253,8 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
                 .collect();
             Reply::ok(json!({ "blocks": blocks }))
         }
-        Request::Members { conv, after, limit, q } => {
-            Reply::ok(members_json(&state.store.members(&conv, user, after, limit, q.as_deref()).await?))
+        Request::Members { conv, query, limit } => {
+            Reply::ok(members_json(&state.store.members(&conv, user, &query, limit).await?))
         }
         Request::Applications { conv, after, limit } => {
             Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?))

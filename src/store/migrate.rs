@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (7, "rule_leaks", include_str!("../../schema/0007_rule_leaks.sql")),
     (8, "live", include_str!("../../schema/0008_live.sql")),
     (9, "history", include_str!("../../schema/0009_history.sql")),
+    (11, "member_order", include_str!("../../schema/0011_member_order.sql")),
 ];
 
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

@@ -1,13 +1,15 @@
 //! Group management (PROTOCOL §5 "Membership and groups") over the real
 //! server: the permission matrix of every op and caller standing over both
 //! transports, membership changes racing sends, invites racing each other,
-//! roster paging under churn, a 100,000-member group and the HTTP routes.
+//! roster paging under churn, the orders of `members`, a 100,000-member
+//! group and the HTTP routes.
 //! Records go to evidence/im-02.
 
 mod churn;
 mod edges;
 mod large;
 mod matrix;
+mod order;
 mod races;
 mod routes;
 
