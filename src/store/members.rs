@@ -5,7 +5,8 @@
 //! Each of the three orders is an index range scan that stops at the page's
 //! end, its cursor the key of that index: join order (`joined_seq`), activity
 //! (`last_active_seq`, `user_id`), a search (the matched key, `user_id`). A
-//! member shows at most once per paging: it moves only forward in any order.
+//! member who keeps its place is returned once per paging; a send moves it
+//! only forward (past an `active` cursor).
 
 use chrono::{DateTime, Utc};
 use imcore_actors::{ConvId, UserId};
