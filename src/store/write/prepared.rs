@@ -53,7 +53,8 @@ SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms, 
 
 /// Every event of every conversation of the transaction, each sender's
 /// `last_active_seq` (once per sender and conversation: its last `msg` here,
-/// unless it joined after it in this batch), the bodies its recalls erase (of the message and of its edits, whose fingerprints go too:
+/// unless it joined after it in this batch), the bodies its recalls erase
+/// (of the message and of its edits, whose fingerprints go too:
 /// `ERASED_FINGERPRINT`, 32 zero bytes), the bodies its edits set,
 /// the reactions it sets and counts, and every conversation row, in one
 /// statement. Each row is written by one part at most (the batch nets its
@@ -110,7 +111,8 @@ UPDATE conversations c
  WHERE c.conv_id = u.conv";
 
 /// `$1`..`$15` are the event columns of the append (`append::EventColumns`);
-/// `$16`.. what the one-trip plan expects of its conversation's row.
+/// `$16`.. what the one-trip plan expects of its conversation's row. Each
+/// sender's `last_active_seq` moves with its messages, as in the full append.
 macro_rules! append_if_unchanged_sql {
     ($lock:literal) => {
         concat!(
