@@ -171,7 +171,12 @@ pub struct StoreSettings {
 
 impl Default for StoreSettings {
     fn default() -> Self {
-        Self { pool_size: 16, pool_timeout_ms: 10_000, connect_timeout_ms: 2_000, large_groups: LargeGroupSettings::default() }
+        Self {
+            pool_size: 16,
+            pool_timeout_ms: 10_000,
+            connect_timeout_ms: 2_000,
+            large_groups: LargeGroupSettings::default(),
+        }
     }
 }
 

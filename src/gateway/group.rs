@@ -15,7 +15,8 @@ use crate::domain::{
     MAX_GROUP_NAME_CHARS, MAX_GROUP_SIZE, MAX_INVITE_USERS,
 };
 use crate::store::{
-    ApplicationPage, GroupChange, Invited, MemberPage, ProfilePatch, Written, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT,
+    ApplicationPage, GroupChange, Invited, MemberNext, MemberPage, MemberQuery, ProfilePatch, Written,
+    MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT,
 };
 
 /// The refusal of a `delivery_mode` that is none of the settings.
@@ -125,15 +126,35 @@ fn profile_patch(f: &Fields<'_>) -> Result<ProfilePatch, ApiError> {
     Ok(p)
 }
 
-/// `members`: `after` (a `next`), `limit` ≤ 200, `q` a prefix.
-pub fn parse_members(f: &Fields<'_>) -> Result<(i64, i64, Option<String>), ApiError> {
+/// `reads`: `after` (a `next`, a `joined_seq`), `limit` ≤ 200.
+pub fn parse_reads(f: &Fields<'_>) -> Result<(i64, i64), ApiError> {
     let after = f.int_in("after", 0, i64::MAX)?.unwrap_or(0);
+    Ok((after, f.int_in("limit", 1, MEMBERS_MAX_LIMIT)?.unwrap_or(MEMBERS_DEFAULT_LIMIT)))
+}
+
+/// `members`: `q` a prefix or `order` (`joined`, `active`), `after` the
+/// previous page's `next` (a `joined_seq` in join order, else a cursor
+/// string), `limit` ≤ 200.
+pub fn parse_members(f: &Fields<'_>) -> Result<(MemberQuery, i64), ApiError> {
     let limit = f.int_in("limit", 1, MEMBERS_MAX_LIMIT)?.unwrap_or(MEMBERS_DEFAULT_LIMIT);
     let q = f.opt_str("q")?.filter(|q| !q.is_empty());
     if let Some(q) = q {
         check_text("q", q, MAX_QUERY_CHARS).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
-    Ok((after, limit, q.map(str::to_owned)))
+    let query = match (f.opt_str("order")?, q) {
+        (None | Some("joined"), None) => MemberQuery::Joined { after: f.int_in("after", 0, i64::MAX)?.unwrap_or(0) },
+        (Some("active"), None) => MemberQuery::Active { after: cursor(f, MemberQuery::active_after)? },
+        (None, Some(q)) => MemberQuery::Search { q: q.to_owned(), after: cursor(f, MemberQuery::search_after)? },
+        (Some(_), Some(_)) => return Err(ApiError::bad_request("`q` takes no `order`: a search has its own")),
+        (Some(_), None) => return Err(ApiError::bad_request("`order` must be `joined` or `active`")),
+    };
+    Ok((query, limit))
+}
+
+/// `after` as a cursor string `parse` reads.
+fn cursor<T>(f: &Fields<'_>, parse: fn(&str) -> Option<T>) -> Result<Option<T>, ApiError> {
+    let bad = || ApiError::bad_request("`after` must be the `next` of the previous page");
+    f.opt_str("after")?.map(|c| parse(c).ok_or_else(bad)).transpose()
 }
 
 /// `applications`: `after` (a `next`, a user id), `limit` ≤ 200.
@@ -170,10 +191,16 @@ pub fn members_json(page: &MemberPage) -> Value {
                 "joined_seq": m.joined_seq,
                 "role_until": m.role_until.map(format_time),
                 "extra_perms": m.extra_perms,
+                "last_active_seq": m.last_active_seq,
             })
         })
         .collect();
-    json!({"members": members, "next": page.next, "member_count": page.member_count})
+    let next = match &page.next {
+        Some(MemberNext::Joined(seq)) => json!(seq),
+        Some(MemberNext::Cursor(c)) => json!(c),
+        None => Value::Null,
+    };
+    json!({"members": members, "next": next, "member_count": page.member_count})
 }
 
 pub fn applications_json(page: &ApplicationPage) -> Value {

@@ -259,8 +259,8 @@ async fn run(state: &AppState, caller: &TokenOwner, req: Request) -> Result<Repl
                 found.iter().map(|u| json!({"user_id": u.user_id.as_str(), "display_name": u.display_name})).collect();
             Reply::ok(json!({ "users": users }))
         }
-        Request::Members { conv, after, limit, q } => {
-            Reply::ok(members_json(&state.store.members(&conv, user, after, limit, q.as_deref()).await?))
+        Request::Members { conv, query, limit } => {
+            Reply::ok(members_json(&state.store.members(&conv, user, &query, limit).await?))
         }
         Request::Applications { conv, after, limit } => {
             Reply::ok(applications_json(&state.store.applications(&conv, user, after.as_ref(), limit).await?))

@@ -19,7 +19,7 @@ use crate::domain::{
     MAX_MENTIONS,
 };
 use crate::store::{
-    GroupChange, GroupSettings, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
+    GroupChange, GroupSettings, MemberQuery, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT,
 };
 
 /// Most users named in one `presence`.
@@ -86,9 +86,8 @@ pub enum Request {
     },
     Members {
         conv: ConvId,
-        after: i64,
+        query: MemberQuery,
         limit: i64,
-        q: Option<String>,
     },
     Applications {
         conv: ConvId,
@@ -274,11 +273,11 @@ impl Request {
             "whoami" => Request::WhoAmI,
             "recall" => Request::Recall { conv: f.conv_id()?, target_seq: required_seq(&f, "target_seq")? },
             "members" => {
-                let (after, limit, q) = group::parse_members(&f)?;
-                Request::Members { conv: f.conv_id()?, after, limit, q }
+                let (query, limit) = group::parse_members(&f)?;
+                Request::Members { conv: f.conv_id()?, query, limit }
             }
             "reads" => {
-                let (after, limit, _) = group::parse_members(&f)?;
+                let (after, limit) = group::parse_reads(&f)?;
                 Request::Reads { conv: f.conv_id()?, after, limit }
             }
             "typing" => Request::Typing {

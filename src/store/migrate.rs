@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (8, "live", include_str!("../../schema/0008_live.sql")),
     (9, "history", include_str!("../../schema/0009_history.sql")),
     (10, "push", include_str!("../../schema/0010_push.sql")),
+    (11, "member_order", include_str!("../../schema/0011_member_order.sql")),
     (12, "banned", include_str!("../../schema/0012_banned.sql")),
     (13, "people", include_str!("../../schema/0013_people.sql")),
     (14, "large_groups", include_str!("../../schema/0014_large_groups.sql")),

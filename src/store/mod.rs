@@ -42,7 +42,8 @@ pub use conversations::{direct_conv_id, ConversationInfo, CreateConversation, Cr
 pub use error::{ErrorClass, Report, StoreError};
 pub use inbox::{InboxItem, InboxPage, INBOX_DEFAULT_LIMIT, INBOX_MAX_LIMIT, INBOX_PAGE, UNREAD_CAP, UNREAD_SCAN_ROWS};
 pub use members::{
-    Application, ApplicationPage, MemberInfo, MemberPage, MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT, MEMBERS_PAGE,
+    past_prefix, Application, ApplicationPage, MemberInfo, MemberNext, MemberPage, MemberQuery, MEMBERS_ACTIVE,
+    MEMBERS_DEFAULT_LIMIT, MEMBERS_MAX_LIMIT, MEMBERS_PAGE, MEMBERS_SEARCH,
 };
 pub use migrate::{MIGRATIONS, SCHEMA_VERSION};
 pub use notify::{Behind, ConvFacts, DueRow};

@@ -7,7 +7,6 @@ use imcore_actors::UserId;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::error::decoded;
-use super::members::escape_like;
 use super::{Store, StoreError};
 
 /// `$1` the caller, `$2` a lowercase LIKE prefix pattern, `$3` the typed
@@ -51,4 +50,16 @@ impl Store {
             .map(|r| Ok(FoundUser { user_id: decoded(UserId::parse(r.get(0)), "user_id")?, display_name: r.get(1) }))
             .collect()
     }
+}
+
+/// `q` as the literal start of a LIKE pattern (its `%`, `_` and `\` escaped).
+fn escape_like(q: &str) -> String {
+    let mut out = String::with_capacity(q.len());
+    for ch in q.chars() {
+        if matches!(ch, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
 }

@@ -3,7 +3,7 @@
 //! the schema forbids.
 
 use imcore::domain::{Body, BodyError, Rejection};
-use imcore::store::{StoreError, SyncRequest};
+use imcore::store::{MemberQuery, StoreError, SyncRequest};
 use imcore_actors::{ClientMsgId, ConvId, UserId};
 use serde_json::json;
 
@@ -333,7 +333,7 @@ async fn a_row_the_schema_forbids_fails_the_read_instead_of_being_skipped_or_def
         .await
         .expect("plant rows the schema forbids");
     let sync = env.sync(&bad, "u-ben", 0).await;
-    let roster = env.store().members(&bad, &uid("u-ana"), 0, 50, None).await;
+    let roster = env.store().members(&bad, &uid("u-ana"), &MemberQuery::Joined { after: 0 }, 50).await;
     let other = env.sync(&fine, "u-ben", 0).await;
     let undecodable = |e: &StoreError| matches!(e, StoreError::Undecodable(_));
     let pass = sync.as_ref().err().is_some_and(undecodable)

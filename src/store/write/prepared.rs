@@ -51,8 +51,10 @@ const LOAD_STANDINGS: &str = "
 SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms, m.blocked FROM members m
   JOIN unnest($1::text[], $2::text[]) AS k(conv, u) ON m.conv_id = k.conv AND m.user_id = k.u";
 
-/// Every event of every conversation of the transaction, the bodies its
-/// recalls erase (of the message and of its edits, whose fingerprints go too:
+/// Every event of every conversation of the transaction, each sender's
+/// `last_active_seq` (once per sender and conversation: its last `msg` here,
+/// unless it joined after it in this batch), the bodies its recalls erase
+/// (of the message and of its edits, whose fingerprints go too:
 /// `ERASED_FINGERPRINT`, 32 zero bytes), the bodies its edits set,
 /// the reactions it sets and counts, and every conversation row, in one
 /// statement. Each row is written by one part at most (the batch nets its
@@ -96,7 +98,12 @@ turned_off AS (
 counted AS (
   INSERT INTO reaction_counts AS rc (conv_id, target_seq, emoji, count, first_seq)
   SELECT * FROM unnest($38::text[], $39::int8[], $40::text[], $41::int4[], $42::int8[])
-  ON CONFLICT (conv_id, target_seq, emoji) DO UPDATE SET count = rc.count + excluded.count)
+  ON CONFLICT (conv_id, target_seq, emoji) DO UPDATE SET count = rc.count + excluded.count),
+active AS (
+  UPDATE members m SET last_active_seq = a.seq
+    FROM (SELECT conv, snd, max(seq) AS seq FROM unnest($1::text[], $2::int8[], $3::text[], $5::text[])
+            AS e(conv, seq, kind, snd) WHERE kind = 'msg' GROUP BY conv, snd) a
+   WHERE m.conv_id = a.conv AND m.user_id = a.snd AND m.joined_seq < a.seq AND m.last_active_seq < a.seq)
 UPDATE conversations c
    SET next_seq = u.next_seq, member_version = c.member_version + u.bump, member_count = u.members,
        last_event_at = $16
@@ -104,7 +111,8 @@ UPDATE conversations c
  WHERE c.conv_id = u.conv";
 
 /// `$1`..`$15` are the event columns of the append (`append::EventColumns`);
-/// `$16`.. what the one-trip plan expects of its conversation's row.
+/// `$16`.. what the one-trip plan expects of its conversation's row. Each
+/// sender's `last_active_seq` moves with its messages, as in the full append.
 macro_rules! append_if_unchanged_sql {
     ($lock:literal) => {
         concat!(
@@ -137,7 +145,12 @@ appended AS (
                       $15::bool[]) AS e),
 moved AS (
   UPDATE conversations c SET next_seq = $18, last_event_at = conv.now FROM conv
-   WHERE c.conv_id = $16 AND conv.conv_id = $16)
+   WHERE c.conv_id = $16 AND conv.conv_id = $16),
+active AS (
+  UPDATE members m SET last_active_seq = a.seq
+    FROM conv, (SELECT snd, max(seq) AS seq FROM unnest($2::int8[], $3::text[], $5::text[]) AS e(seq, kind, snd)
+                 WHERE kind = 'msg' GROUP BY snd) a
+   WHERE m.conv_id = $16 AND conv.conv_id = $16 AND m.user_id = a.snd AND m.last_active_seq < a.seq)
 SELECT now FROM conv"
         )
     };

@@ -2,8 +2,8 @@
 //! server: the permission matrix of every op and caller standing over both
 //! transports, the one check order over every standing and status, banned
 //! groups, membership changes racing sends, invites racing each other,
-//! roster paging under churn, a 100,000-member group, large groups' delivery
-//! (`delivery`) and the HTTP routes.
+//! roster paging under churn, the orders of `members`, a 100,000-member
+//! group, large groups' delivery (`delivery`) and the HTTP routes.
 //! Records go to evidence/im-02.
 
 mod banned;
@@ -12,6 +12,7 @@ mod delivery;
 mod edges;
 mod large;
 mod matrix;
+mod member_order;
 mod order;
 mod races;
 mod routes;
