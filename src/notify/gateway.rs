@@ -7,6 +7,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -65,7 +66,14 @@ pub struct Answer {
 
 impl Gateways {
     pub fn new(per_url: usize, timeout: Duration) -> Rc<Self> {
-        let client = awc::Client::builder().timeout(timeout).disable_redirects().finish();
+        let connector = match tls_config() {
+            Ok(tls) => awc::Connector::new().rustls_0_23(tls),
+            Err(e) => {
+                tracing::error!(error = %e, "notifier: no TLS; https gateways unreachable");
+                awc::Connector::new()
+            }
+        };
+        let client = awc::Client::builder().connector(connector).timeout(timeout).disable_redirects().finish();
         Rc::new(Self { client, per_url: per_url.max(1), timeout, limits: RefCell::new(HashMap::new()) })
     }
 
@@ -114,6 +122,24 @@ impl Gateways {
             false => Answer { outcome: Outcome::Delivered, rejected: false },
         }
     }
+}
+
+/// TLS for `https` gateways: rustls on ring, trusting the system's root
+/// certificates. Unreadable ones are skipped (logged): with none, every
+/// `https` request fails verification and is retried, then given up.
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let found = rustls_native_certs::load_native_certs();
+    for e in &found.errors {
+        tracing::warn!(error = %e, "notifier: a system root certificate not loaded");
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, ignored) = roots.add_parsable_certificates(found.certs);
+    if ignored > 0 || added == 0 {
+        tracing::warn!(added, ignored, "notifier: system root certificates for https gateways");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions()?;
+    Ok(Arc::new(builder.with_root_certificates(roots).with_no_client_auth()))
 }
 
 const RETRY: Answer = Answer { outcome: Outcome::Retry, rejected: false };

@@ -5,6 +5,8 @@
 //! ran out (a crashed or dead node's), and reads their events back, bounded
 //! by the give-up window: at least once, duplicates possible.
 
+use std::collections::{HashMap, HashSet};
+
 use chrono::Utc;
 use imcore_actors::ConvId;
 
@@ -33,15 +35,34 @@ impl Runner {
         if progress.is_empty() {
             return;
         }
-        if let Err(e) = self.store.flush_progress(&self.node, &progress, self.settings.lease()).await {
-            tracing::warn!(error = %Report(&e), "notifier: progress not written; written next time");
-            return;
-        }
-        for (conv, _) in progress {
-            if !self.queue.owes(&conv) && !lost.contains_key(&conv) {
-                self.queue.settle(&conv);
-                self.dirty.remove(&conv);
+        let held = match self.store.flush_progress(&self.node, &progress, self.settings.lease()).await {
+            Ok(held) => held,
+            Err(e) => return tracing::warn!(error = %Report(&e), "notifier: progress not written; written next time"),
+        };
+        // Not recorded (another node's lease, or one just taken over): kept to flush again.
+        let mut unrecorded: HashSet<&ConvId> = progress.iter().map(|(c, _)| c).collect();
+        // A lapsed lease taken over from another node: the seqs before what this node took in
+        // that the other did not record are read back (at least once; a dead node's lag).
+        let mut behind = HashMap::new();
+        for (conv, recorded) in held {
+            let Some((conv, wanted)) = progress.iter().find(|(c, _)| c.as_str() == conv) else { continue };
+            if recorded >= *wanted {
+                unrecorded.remove(conv);
+            } else if self.queue.first_taken(conv).is_some_and(|first| recorded + 1 < first) {
+                tracing::info!(%conv, recorded, wanted, "notifier: took a lease over; reading its lag back");
+                behind.insert(conv.clone(), recorded + 1);
             }
+        }
+        for (conv, _) in &progress {
+            if !unrecorded.contains(conv) && !self.queue.owes(conv) && !lost.contains_key(conv) {
+                self.queue.settle(conv);
+                self.dirty.remove(conv);
+            }
+        }
+        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        for (conv, first) in behind {
+            let at = lost.entry(conv).or_insert(first);
+            *at = (*at).min(first);
         }
     }
 
@@ -100,9 +121,9 @@ impl Runner {
         let events = self.store.events_after(conv, after, upto, since).await?;
         count_notifications("recovered", events.len() as u64);
         // Marks the range taken in, so its progress is written even if nothing was due.
-        self.queue.taking(conv, upto, upto);
+        self.queue.taking(conv, after + 1, upto);
         self.take(conv, &events).await;
-        self.queue.taken(conv, upto);
+        self.queue.taken(conv, after + 1);
         self.dirty.insert(conv.clone());
         Ok(())
     }

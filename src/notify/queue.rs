@@ -89,7 +89,8 @@ pub enum Settled {
 pub struct Queue {
     slots: HashMap<Key, Slot>,
     holds: Holds,
-    /// Per conversation: the highest seq taken in.
+    /// Per conversation: the lowest and the highest seq taken in since it was last settled.
+    first: HashMap<ConvId, i64>,
     seen: HashMap<ConvId, i64>,
     /// Slots waiting or in flight, all together and per URL.
     busy: usize,
@@ -104,6 +105,7 @@ impl Queue {
         Self {
             slots: HashMap::new(),
             holds: Holds::default(),
+            first: HashMap::new(),
             seen: HashMap::new(),
             busy: 0,
             busy_per_url: HashMap::new(),
@@ -116,6 +118,8 @@ impl Queue {
     /// A batch of `conv` up to `last` is being resolved: `first` is held until [`Queue::taken`].
     pub fn taking(&mut self, conv: &ConvId, first: i64, last: i64) {
         self.holds.hold(conv, first);
+        let from = self.first.entry(conv.clone()).or_insert(first);
+        *from = (*from).min(first);
         let seen = self.seen.entry(conv.clone()).or_insert(last);
         *seen = (*seen).max(last);
     }
@@ -249,6 +253,11 @@ impl Queue {
         }
     }
 
+    /// The lowest seq of `conv` taken in since it was last settled.
+    pub fn first_taken(&self, conv: &ConvId) -> Option<i64> {
+        self.first.get(conv).copied()
+    }
+
     /// Whether `conv` still owes notifications (or is being resolved).
     pub fn owes(&self, conv: &ConvId) -> bool {
         self.holds.owes(conv)
@@ -257,6 +266,7 @@ impl Queue {
     /// Forgets `conv`'s progress once it owes nothing (after it was recorded).
     pub fn settle(&mut self, conv: &ConvId) {
         if !self.owes(conv) {
+            self.first.remove(conv);
             self.seen.remove(conv);
         }
     }

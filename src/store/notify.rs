@@ -97,7 +97,7 @@ SELECT c.conv_id, np.done_seq, c.next_seq - 1
   LEFT JOIN notify_progress np ON np.conv_id = t.conv_id
  WHERE c.last_event_at >= $1
    AND c.next_seq - 1 > coalesce(np.done_seq, 0)
-   AND (np.lease_until < now() OR (np.conv_id IS NULL AND c.last_event_at < $2))
+   AND (np.lease_until < now() OR np.conv_id IS NULL) AND c.last_event_at < $2
  LIMIT $3";
 
 const EVENTS_AFTER: &str = "
@@ -216,13 +216,15 @@ impl Store {
     }
 
     /// Records `node`'s progress and renews its lease on each conversation,
-    /// where `node` holds the lease or it ran out; returns those it holds.
+    /// where `node` holds the lease or it ran out. A lease taken over from
+    /// another node keeps that node's progress. Returns the conversations
+    /// `node` now holds, with their recorded progress.
     pub async fn flush_progress(
         &self,
         node: &str,
         progress: &[(ConvId, i64)],
         lease: Duration,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         let conn = self.pool.get().await?;
         let convs: Vec<&str> = progress.iter().map(|(c, _)| c.as_str()).collect();
         let done: Vec<i64> = progress.iter().map(|(_, d)| *d).collect();
@@ -233,18 +235,21 @@ impl Store {
                  SELECT c, d, $3, now() + make_interval(secs => $4::float8 / 1000)
                    FROM unnest($1::text[], $2::int8[]) AS x(c, d)
                  ON CONFLICT (conv_id) DO UPDATE
-                    SET done_seq = greatest(notify_progress.done_seq, excluded.done_seq),
+                    SET done_seq = CASE WHEN notify_progress.node = excluded.node
+                                        THEN greatest(notify_progress.done_seq, excluded.done_seq)
+                                        ELSE notify_progress.done_seq END,
                         node = excluded.node, lease_until = excluded.lease_until
                   WHERE notify_progress.node = excluded.node OR notify_progress.lease_until < now()
-                 RETURNING conv_id",
+                 RETURNING conv_id, done_seq",
                 &[(&convs, Type::TEXT_ARRAY), (&done, Type::INT8_ARRAY), (&node, Type::TEXT), (&lease_ms, Type::INT8)],
             )
             .await?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
-    /// Conversations behind whose lease ran out (or that were never claimed
-    /// and went quiet `settle` ago), active within `window`; at most `limit`.
+    /// Conversations behind whose lease ran out or was never taken, quiet
+    /// for `settle` (so a live node taking a new batch in records it first),
+    /// active within `window`; at most `limit`.
     pub async fn behind(&self, window: Duration, settle: Duration, limit: i64) -> Result<Vec<Behind>, StoreError> {
         let now = Utc::now();
         let ago = |d: Duration| now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);

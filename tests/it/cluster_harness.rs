@@ -251,8 +251,16 @@ fn node_command(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &P
 }
 
 impl Node {
-    async fn start(host: Ipv4Addr, database_url: &str, nats_url: &str, data_dir: &Path, homes: bool) -> Self {
+    async fn start(
+        host: Ipv4Addr,
+        database_url: &str,
+        nats_url: &str,
+        data_dir: &Path,
+        homes: bool,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut child = node_command(host, database_url, nats_url, data_dir, homes)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -374,19 +382,26 @@ impl Cluster {
         Self::start_relayed(n, None).await.0
     }
 
+    /// As [`Cluster::start`], each node with `env` set besides.
+    pub async fn start_with_env(n: u8, env: &[(&str, &str)]) -> Self {
+        let (cluster, _) = Self::start_nodes(n, None, true, env).await;
+        homes_settled(&cluster.nodes.iter().collect::<Vec<_>>()).await;
+        cluster
+    }
+
     /// `n` nodes each writing every conversation itself (`IMCORE_HOME_NODE=off`).
     pub async fn start_writing_locally(n: u8) -> Self {
-        Self::start_nodes(n, None, false).await.0
+        Self::start_nodes(n, None, false, &[]).await.0
     }
 
     /// Node `relayed` (if any) reaches NATS through a [`Relay`].
     pub async fn start_relayed(n: u8, relayed: Option<usize>) -> (Self, Option<Relay>) {
-        let (cluster, relay) = Self::start_nodes(n, relayed, true).await;
+        let (cluster, relay) = Self::start_nodes(n, relayed, true, &[]).await;
         homes_settled(&cluster.nodes.iter().collect::<Vec<_>>()).await;
         (cluster, relay)
     }
 
-    async fn start_nodes(n: u8, relayed: Option<usize>, homes: bool) -> (Self, Option<Relay>) {
+    async fn start_nodes(n: u8, relayed: Option<usize>, homes: bool, env: &[(&str, &str)]) -> (Self, Option<Relay>) {
         let cpu = crate::harness::alone_with_the_cpu().await;
         let db = TestDb::with_pool(2).await;
         let nats = Nats::start().await;
@@ -401,7 +416,7 @@ impl Cluster {
                 Some(r) if relayed == Some(usize::from(i) - 1) => format!("nats://127.0.0.1:{}", r.port),
                 _ => nats.url(),
             };
-            nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir, homes).await);
+            nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir, homes, env).await);
         }
         (Self { _cpu: cpu, _db: db, nats, nodes, data_dir }, relay)
     }

@@ -4,6 +4,7 @@
 
 mod gateway;
 mod restart;
+mod two_nodes;
 
 use std::time::Duration;
 
@@ -220,6 +221,44 @@ async fn a_burst_of_300_messages_to_an_offline_device_coalesces_into_a_few_notif
     let bound = 2 + (burst.as_millis() / 300) as usize;
     let pass = !got.is_empty() && got.len() <= bound && event_ids(&got).last() == Some(&want);
     let observed = json!({"acked_sends": acked, "notifications": got.len(), "bound": bound, "burst_ms": burst.as_millis(), "last": event_ids(&got).last(), "unread_last": got.last().map(|n| n["counts"]["unread"].clone())});
+    let pass = check.resolve(observed, pass);
+    assert!(pass);
+}
+
+#[actix_web::test]
+async fn an_https_pusher_is_reached_over_tls_and_a_failed_handshake_is_retried() {
+    let check = Check::start(
+        SUITE,
+        "28-https-gateway-tls",
+        "https pusher URL; a local TCP server that reads the first record and hangs up",
+        "the connection opens with a TLS ClientHello (not plain HTTP), and the failed handshake is retried",
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("https://127.0.0.1:{}/notify", listener.local_addr().expect("addr").port());
+    let hellos = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let record = hellos.clone();
+    actix_web::rt::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut head = [0u8; 6];
+            let n = tokio::io::AsyncReadExt::read_exact(&mut conn, &mut head).await.map_or(0, |_| head.len());
+            record.lock().expect("hellos").push(head[..n].to_vec());
+        }
+    });
+    let s = TestServer::with(fast).await;
+    let bob = s.user("bob").await;
+    let ann = s.user("ann").await;
+    set_pusher(&s, &ann, "ann-tls", &url).await;
+    let conv = s.direct(&bob, "ann").await;
+    send(&s, &bob, &conv, "over tls", &[]).await;
+    let until = tokio::time::Instant::now() + WAIT;
+    while hellos.lock().expect("hellos").len() < 2 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = hellos.lock().expect("hellos").clone();
+    // A TLS record: handshake (0x16), version 3.x, its first message a ClientHello (0x01).
+    let tls_hello = |h: &Vec<u8>| h.len() == 6 && h[0] == 0x16 && h[1] == 0x03 && h[5] == 0x01;
+    let pass = got.len() >= 2 && got.iter().all(tls_hello);
+    let observed = json!({"connections": got.len(), "first_bytes": got.iter().map(hex::encode).collect::<Vec<_>>()});
     let pass = check.resolve(observed, pass);
     assert!(pass);
 }

@@ -5,7 +5,7 @@
 //! run bounded in messages and time, each server stopped with SIGTERM.
 //!
 //! Scenarios (`--scenarios`): `hot`, `fanout` and `connections` by default;
-//! `groups`, `groups-churn`, `latency`, `cluster` and `storm` when named. With `--nodes N` a
+//! `groups`, `groups-churn`, `latency`, `cluster`, `storm` and `notify` when named. With `--nodes N` a
 //! server run is N nodes on one database joined by a `nats-server` of the
 //! run's own (`nodes.rs`). What each measures, and its results:
 //! benches/README.md. A run that did not verify makes the command fail
@@ -20,6 +20,7 @@ mod groups;
 mod hot;
 mod log_check;
 mod nodes;
+mod notify;
 mod provision;
 mod server;
 mod storm;
@@ -118,6 +119,8 @@ pub struct Args {
     groups: groups::GroupArgs,
     #[command(flatten)]
     churn: groups::churn::ChurnArgs,
+    #[command(flatten)]
+    notify: notify::NotifyArgs,
     /// Reconnect storm: devices online on the node that is killed.
     #[arg(long, default_value_t = 20_000)]
     storm_devices: usize,
@@ -239,6 +242,9 @@ async fn scenarios(ctx: &Ctx) -> Result<Vec<String>, BoxError> {
     }
     if want("storm") {
         failed.extend(storm::run(ctx).await?);
+    }
+    if want("notify") {
+        failed.extend(notify::run(ctx).await?);
     }
     Ok(failed)
 }
