@@ -11,6 +11,7 @@ const SENTENCES = {
   MUTED: "You are muted here, so you cannot send or react.",
   BLOCKED: "This person does not accept messages from you.",
   CONV_DISMISSED: "This group was dismissed: nothing more can be sent.",
+  CONV_BANNED: "This group was banned by the operator: nothing can be sent for now.",
   ALREADY_MEMBER: "They are already a member.",
   GROUP_FULL: "The group is full.",
   IDEMPOTENCY_MISMATCH: "This message clashes with an earlier one. Discard it and write it again.",

@@ -18,7 +18,9 @@ fn uid(u: &str) -> UserId {
 }
 
 async fn group(s: &TestServer, token: &str, id: &str, members: &[&str]) -> String {
-    let body = json!({"kind": "group", "conv_id": id, "name": id, "members": members, "max_member": 100_000});
+    // Pushed events are what these tests watch: `push`, not the `auto` that turns a large group `pull`.
+    let body = json!({"kind": "group", "conv_id": id, "name": id, "members": members, "max_member": 100_000,
+        "delivery_mode": "push"});
     let (status, v) = s.http("POST", "/v1/conversations", Some(token), Some(&body)).await;
     assert_eq!(status, 201, "create group: {v}");
     v["conv_id"].as_str().expect("conv_id").to_owned()
