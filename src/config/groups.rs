@@ -23,11 +23,18 @@ pub struct LargeGroupSettings {
     /// leaves of others as one `members_changed` frame (`sync` still returns each).
     #[arg(long = "members-summary-above", env = "IMCORE_MEMBERS_SUMMARY_ABOVE", default_value_t = LargeGroupSettings::default().summary_above)]
     pub summary_above: i32,
+
+    /// A member's `last_active_seq` (the `members` order `active`) moves to a
+    /// newer message only once the one it holds is this many ms old: a hot
+    /// group's steady senders then cost a roster row write a minute, not one
+    /// per batch. `0` = every batch (exact).
+    #[arg(long = "activity-resolution-ms", env = "IMCORE_ACTIVITY_RESOLUTION_MS", default_value_t = LargeGroupSettings::default().activity_resolution_ms)]
+    pub activity_resolution_ms: i64,
 }
 
 impl Default for LargeGroupSettings {
     fn default() -> Self {
-        Self { pull_above: 500, push_below: 400, summary_above: 100 }
+        Self { pull_above: 500, push_below: 400, summary_above: 100, activity_resolution_ms: 60_000 }
     }
 }
 

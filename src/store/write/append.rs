@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use super::batch::BatchBuilder;
 use super::prepared::Conn;
+use super::Applied;
 use crate::domain::{Event, EventKind, ERASED_FINGERPRINT};
 use crate::store::StoreError;
 
@@ -254,7 +255,8 @@ impl<'a> Shown<'a> {
 /// Writes every event the transaction's batches accumulated, what the
 /// messages they touch now show, and moves each conversation row on
 /// (`next_seq`, `member_version`, `member_count`), at once.
-pub(super) async fn append_events(tx: Conn<'_>, builders: &[(usize, BatchBuilder)]) -> Result<(), StoreError> {
+pub(super) async fn append_events(tx: Conn<'_>, applied: &Applied) -> Result<(), StoreError> {
+    let builders = &applied.builders;
     let mut cols = EventColumns::default();
     let mut shown = Shown::default();
     let (mut convs, mut next_seqs, mut bumps, mut counts) = (vec![], vec![], vec![], vec![]);
@@ -275,7 +277,7 @@ pub(super) async fn append_events(tx: Conn<'_>, builders: &[(usize, BatchBuilder
     }
     let Some(now) = now else { return Ok(()) };
     let rest: [&(dyn ToSql + Sync); 7] = [&now, &convs, &next_seqs, &bumps, &counts, &erased_convs, &erased_seqs];
-    let params = [&cols.params()[..], &rest, &cols.history_params(), &shown.params()].concat();
+    let params = [&cols.params()[..], &rest, &cols.history_params(), &shown.params(), &[&applied.activity_ms]].concat();
     tx.client.execute(&tx.prepared.append, &params).await?;
     Ok(())
 }

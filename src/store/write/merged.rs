@@ -85,7 +85,7 @@ async fn merged_on(
     // (ARCHITECTURE §3; the figures are in benches/README.md).
     if let [job] = &mut jobs[..] {
         if let Some(plan) = one_trip::plan(job) {
-            match in_one_trip(conn, job, plan, LockMode::SkipLocked, phase).await {
+            match in_one_trip(conn, job, plan, LockMode::SkipLocked, large, phase).await {
                 Ok(Some(written)) => return vec![Share::Committed(written, std::mem::take(&mut job.cache))],
                 Ok(None) => {}
                 Err(Unfinished::RolledBack(e)) => return rolled_back(jobs, e),

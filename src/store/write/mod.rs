@@ -199,7 +199,7 @@ async fn write_on(
     let conn = Conn { client: conn, prepared };
     let mut job = job;
     if let Some(plan) = one_trip::plan(&job) {
-        let done = in_one_trip(conn, &mut job, plan, LockMode::Wait, phase).await;
+        let done = in_one_trip(conn, &mut job, plan, LockMode::Wait, large, phase).await;
         if let Some(written) = done.map_err(Unfinished::into_error)? {
             return Ok((written, job.cache));
         }
@@ -223,10 +223,11 @@ async fn in_one_trip(
     job: &mut BatchJob,
     plan: one_trip::Plan,
     mode: LockMode,
+    large: LargeGroupSettings,
     phase: &mut Phase,
 ) -> Result<Option<WrittenBatch>, Unfinished> {
     let assumed = plan.assumed.clone();
-    let Some(written) = one_trip::commit_plan(conn, plan, mode).await? else {
+    let Some(written) = one_trip::commit_plan(conn, plan, mode, large.activity_resolution_ms).await? else {
         phase.end("declined");
         return Ok(None);
     };
@@ -255,7 +256,7 @@ pub(super) async fn apply_ops(
     let conn = Conn { client: tx.client(), prepared };
     let reads = lock_and_read(conn, std::future::ready(Ok(())), &mut jobs, LockMode::Wait).await?;
     let mut applied = apply_batches(conn, &mut jobs, reads, large, &mut phase).await?;
-    append_events(conn, &applied.builders).await?;
+    append_events(conn, &applied).await?;
     applied.take_events();
     applied.written.pop().ok_or(StoreError::Invariant("a write transaction returned no batch"))
 }
@@ -265,6 +266,8 @@ struct Applied {
     written: Vec<WrittenBatch>,
     /// The batches that append, with the index of each in `written`.
     builders: Vec<(usize, BatchBuilder)>,
+    /// `LargeGroupSettings::activity_resolution_ms`, for the append.
+    activity_ms: i64,
 }
 
 impl Applied {
@@ -303,7 +306,7 @@ async fn append_and_commit(
     phase: &mut Phase,
 ) -> Result<Vec<WrittenBatch>, Unfinished> {
     let conn = tx.conn();
-    let (appended, committed) = futures_util::join!(append_events(conn, &applied.builders), tx.commit());
+    let (appended, committed) = futures_util::join!(append_events(conn, &applied), tx.commit());
     match appended {
         Err(StoreError::Db(e)) if e.as_db_error().is_some() => return Err(Unfinished::RolledBack(e.into())),
         Err(e) => return Err(Unfinished::Unknown(e)),
@@ -392,5 +395,5 @@ async fn apply_batches(
         builders.push((written.len() - 1, b));
     }
     phase.end("apply");
-    Ok(Applied { written, builders })
+    Ok(Applied { written, builders, activity_ms: large.activity_resolution_ms })
 }

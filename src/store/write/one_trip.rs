@@ -122,6 +122,7 @@ pub(super) async fn commit_plan(
     conn: Conn<'_>,
     plan: Plan,
     mode: LockMode,
+    activity_ms: i64,
 ) -> Result<Option<WrittenBatch>, Unfinished> {
     let statement = match mode {
         LockMode::Wait => &conn.prepared.append_if_unchanged,
@@ -132,7 +133,7 @@ pub(super) async fn commit_plan(
         cols.push_all(&plan.builder);
         let b = &plan.builder;
         let assumed: Vec<&str> = plan.assumed.iter().map(UserId::as_str).collect();
-        let expected: [&(dyn ToSql + Sync); 10] = [
+        let expected: [&(dyn ToSql + Sync); 11] = [
             &b.conv.as_str(),
             &b.first_seq,
             &b.next_seq,
@@ -143,6 +144,7 @@ pub(super) async fn commit_plan(
             &plan.not_before,
             &plan.not_after,
             &assumed,
+            &activity_ms,
         ];
         conn.client.query_opt(statement, &[&cols.params()[..], &expected].concat()).await
     };

@@ -100,10 +100,12 @@ counted AS (
   SELECT * FROM unnest($38::text[], $39::int8[], $40::text[], $41::int4[], $42::int8[])
   ON CONFLICT (conv_id, target_seq, emoji) DO UPDATE SET count = rc.count + excluded.count),
 active AS (
-  UPDATE members m SET last_active_seq = a.seq
+  UPDATE members m SET last_active_seq = a.seq, last_active_at = $16
     FROM (SELECT conv, snd, max(seq) AS seq FROM unnest($1::text[], $2::int8[], $3::text[], $5::text[])
             AS e(conv, seq, kind, snd) WHERE kind = 'msg' GROUP BY conv, snd) a
-   WHERE m.conv_id = a.conv AND m.user_id = a.snd AND m.joined_seq < a.seq AND m.last_active_seq < a.seq)
+   WHERE m.conv_id = a.conv AND m.user_id = a.snd AND m.joined_seq < a.seq AND m.last_active_seq < a.seq
+     AND ($43::int8 = 0 OR m.last_active_at IS NULL
+          OR m.last_active_at <= $16 - make_interval(secs => $43::int8 / 1000.0)))
 UPDATE conversations c
    SET next_seq = u.next_seq, member_version = c.member_version + u.bump, member_count = u.members,
        last_event_at = $16
@@ -147,10 +149,12 @@ moved AS (
   UPDATE conversations c SET next_seq = $18, last_event_at = conv.now FROM conv
    WHERE c.conv_id = $16 AND conv.conv_id = $16),
 active AS (
-  UPDATE members m SET last_active_seq = a.seq
+  UPDATE members m SET last_active_seq = a.seq, last_active_at = conv.now
     FROM conv, (SELECT snd, max(seq) AS seq FROM unnest($2::int8[], $3::text[], $5::text[]) AS e(seq, kind, snd)
                  WHERE kind = 'msg' GROUP BY snd) a
-   WHERE m.conv_id = $16 AND conv.conv_id = $16 AND m.user_id = a.snd AND m.last_active_seq < a.seq)
+   WHERE m.conv_id = $16 AND conv.conv_id = $16 AND m.user_id = a.snd AND m.last_active_seq < a.seq
+     AND ($26::int8 = 0 OR m.last_active_at IS NULL
+          OR m.last_active_at <= conv.now - make_interval(secs => $26::int8 / 1000.0)))
 SELECT now FROM conv"
         )
     };

@@ -96,7 +96,13 @@ async fn an_auto_group_switches_to_pull_above_one_count_and_back_to_push_only_be
          `event`; growing to 6 stays push, to 7 switches again; get_conversation says the mode and \
          `delivery_setting: auto` each time; sync returns the switches in that order.",
     );
-    let s = server(LargeGroupSettings { pull_above: 6, push_below: 4, summary_above: 1_000 }).await;
+    let s = server(LargeGroupSettings {
+        pull_above: 6,
+        push_below: 4,
+        summary_above: 1_000,
+        ..LargeGroupSettings::default()
+    })
+    .await;
     let own = s.user("u-own").await;
     let watch = s.user("u-watch").await;
     let others = users(&s, "u-grow", 0..5).await;
@@ -172,7 +178,13 @@ async fn an_explicit_delivery_mode_wins_over_the_member_count_and_auto_takes_it_
          pull of 2 is pull; get_conversation shows both fields; `delivery_mode: \"sometimes\"` answers \
          BAD_REQUEST.",
     );
-    let s = server(LargeGroupSettings { pull_above: 3, push_below: 2, summary_above: 1_000 }).await;
+    let s = server(LargeGroupSettings {
+        pull_above: 3,
+        push_below: 2,
+        summary_above: 1_000,
+        ..LargeGroupSettings::default()
+    })
+    .await;
     let own = s.user("u-own").await;
     let others = users(&s, "u-x", 0..5).await;
     let mut owner = s.ws(&own).await;
@@ -240,7 +252,13 @@ async fn a_push_group_past_the_summary_size_pushes_one_count_per_batch_and_sync_
          the one event; the kicked one gets its `leave` as an `event`; \
          the watcher's sync returns all 20 joins and the leave.",
     );
-    let s = server(LargeGroupSettings { pull_above: 10_000, push_below: 9_000, summary_above: 4 }).await;
+    let s = server(LargeGroupSettings {
+        pull_above: 10_000,
+        push_below: 9_000,
+        summary_above: 4,
+        ..LargeGroupSettings::default()
+    })
+    .await;
     let own = s.user("u-own").await;
     let watch = s.user("u-watch").await;
     let two = users(&s, "u-two", 0..2).await;

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
+use imcore::config::LargeGroupSettings;
+
 use super::{http_op, ok, server, with_self, ws_op, SUITE};
 use crate::evidence::Check;
 use crate::server::{TestServer, Ws};
@@ -17,6 +19,16 @@ const MEMBERS: usize = 30;
 const SENDERS: usize = 20;
 const SENDS_EACH: usize = 3;
 const PAGE: i64 = 4;
+
+/// A server whose activity moves with every batch (`activity_resolution_ms`
+/// 0), so `last_active_seq` is exactly the log's.
+async fn exact_server() -> TestServer {
+    TestServer::with(|c| {
+        c.limits.create_per_minute = 0;
+        c.store.large_groups = LargeGroupSettings { activity_resolution_ms: 0, ..LargeGroupSettings::default() };
+    })
+    .await
+}
 
 fn name(i: usize) -> String {
     format!("u-ac-{i:02}")
@@ -100,7 +112,7 @@ async fn members_by_activity_follow_the_log_newest_first_and_page_each_member_on
          each page, a member not yet returned sends: no member twice, every member that did not send during the \
          pass exactly once, next null at the end",
     );
-    let s = server().await;
+    let s = exact_server().await;
     let own = s.user("u-own").await;
     let mut tokens = vec![];
     for i in 0..MEMBERS {
@@ -231,4 +243,33 @@ async fn a_search_pages_by_the_matched_key_each_member_once_and_bad_cursors_are_
     let pass = over_ws == want && over_http == want && ws_bounded && http_bounded && all_refused;
     let pass = check.resolve(json!({"ws": over_ws, "http": over_http, "refused": refused}), pass);
     assert!(pass);
+}
+
+/// A member's `last_active_seq` after it sends twice, a moment apart.
+async fn after_two_sends(s: &TestServer) -> (i64, i64, i64) {
+    let (own, ana) = (s.user("u-own").await, s.user("u-ana").await);
+    let mut ws = s.ws(&own).await;
+    let create = json!({"kind": "group", "conv_id": "g-res", "name": "g-res", "members": ["u-ana"]});
+    ok(ws_op(&mut ws, "create_conversation", create).await, "create");
+    let first = send(s, &ana, "g-res", "r-1".into(), 0).await;
+    let second = send(s, &ana, "g-res", "r-2".into(), 1).await;
+    let page = ok(ws_op(&mut ws, "members", json!({"conv_id": "g-res", "order": "active"})).await, "active");
+    let held = entries(&page).into_iter().find(|(u, _)| u == "u-ana").map_or(-1, |(_, seq)| seq);
+    (first, second, held)
+}
+
+#[actix_web::test]
+async fn activity_moves_at_most_once_per_resolution_and_every_batch_at_zero() {
+    let check = Check::start(
+        SUITE,
+        "29-members-activity-resolution",
+        "one-trip then full path",
+        "a member sends twice within the resolution (default 60 s): last_active_seq stays at its first message \
+         (no roster row write for the second); at resolution 0 it is the second",
+    );
+    let (first, second, held) = after_two_sends(&server().await).await;
+    let (first0, second0, held0) = after_two_sends(&exact_server().await).await;
+    let observed = json!({"default": {"first": first, "second": second, "last_active_seq": held},
+                          "zero": {"first": first0, "second": second0, "last_active_seq": held0}});
+    assert!(check.resolve(observed, first > 0 && second > first && held == first && held0 == second0));
 }
