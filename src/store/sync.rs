@@ -11,6 +11,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::error::decoded;
+use super::tail::{Lookup, Snapshot, Tail};
 use super::{Store, StoreError};
 use crate::config::SYNC_DEFAULT_MAX_BYTES;
 use crate::domain::{Emoji, Event, EventKind, LeaveReason, Rejection};
@@ -148,8 +149,55 @@ SELECT e.* FROM membership_periods p
  ORDER BY e.seq DESC LIMIT $5"
 );
 
+/// The snapshot a tail ring starts from (one statement): the head, `min_seq`,
+/// epoch and every member's periods, by user and `from_seq`.
+const TAIL_SNAPSHOT: &str = "
+SELECT c.next_seq - 1, c.min_seq, c.epoch, p.users, p.froms, p.tos
+  FROM conversations c
+ CROSS JOIN LATERAL (
+   SELECT array_agg(p.user_id ORDER BY p.user_id, p.from_seq) AS users,
+          array_agg(p.from_seq ORDER BY p.user_id, p.from_seq) AS froms,
+          array_agg(p.to_seq ORDER BY p.user_id, p.from_seq) AS tos
+     FROM membership_periods p WHERE p.conv_id = c.conv_id) p
+ WHERE c.conv_id = $1";
+
 impl Store {
+    /// A page from the conversation's tail in memory when it lies inside it
+    /// ([`Tail`](super::tail::Tail)), else from PostgreSQL.
     pub async fn sync(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
+        loop {
+            match self.tail.lookup(req) {
+                Lookup::Page(page) => return page,
+                Lookup::Sql => return self.sync_sql(req).await,
+                // Err: the load ended and dropped the sender; either way, look again.
+                Lookup::Wait(mut done) => while done.changed().await.is_ok() {},
+                Lookup::Load => {
+                    let loading = Loading { tail: &self.tail, conv: &req.conv };
+                    let snapshot = self.tail_snapshot(&req.conv).await;
+                    loading.end(snapshot.ok().flatten());
+                }
+            }
+        }
+    }
+
+    async fn tail_snapshot(&self, conv: &ConvId) -> Result<Option<Snapshot>, StoreError> {
+        let conn = self.pool.get().await?;
+        let Some(row) = conn.query_typed_opt(TAIL_SNAPSHOT, &[(&conv.as_str(), Type::TEXT)]).await? else {
+            return Ok(None);
+        };
+        drop(conn);
+        let users: Vec<&str> = row.get::<_, Option<_>>(3).unwrap_or_default();
+        let froms: Vec<i64> = row.get::<_, Option<_>>(4).unwrap_or_default();
+        let tos: Vec<Option<i64>> = row.get::<_, Option<_>>(5).unwrap_or_default();
+        let mut periods: HashMap<UserId, Vec<(i64, Option<i64>)>> = HashMap::new();
+        for ((user, from), to) in users.into_iter().zip(froms).zip(tos) {
+            let user = decoded(UserId::parse(user), "member user_id")?;
+            periods.entry(user).or_default().push((from, to));
+        }
+        Ok(Some(Snapshot { head: row.get(0), min_seq: row.get(1), epoch: row.get(2), periods }))
+    }
+
+    async fn sync_sql(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
         let conn = self.pool.get().await?;
         let (conv, user) = (req.conv.as_str(), req.user.as_str());
         // The header is read first: every event up to this head committed with
@@ -162,28 +210,12 @@ impl Store {
         if req.epoch.is_some_and(|e| e != epoch) {
             return Err(Rejection::EpochChanged { epoch, min_seq }.into());
         }
-        let limit = req.limit.clamp(1, SYNC_MAX_LIMIT);
-        let fetch = limit + 1;
-        let mut page = SyncPage {
-            events: vec![],
-            head,
-            min_seq,
-            epoch,
-            next_after: 0,
-            next_before: None,
-            has_more: false,
-            truncated: false,
-            reactions: HashMap::new(),
-        };
+        let fetch = req.limit.clamp(1, SYNC_MAX_LIMIT) + 1;
         // A page forward from `after_seq` or backward below `before_seq`: the
         // same parameters, and backward also takes `$6`, min_seq.
         let (sql, bound, n) = match req.before_seq {
             Some(before) => (SYNC_BACKWARD, before, 6),
-            None => {
-                let after = req.after_seq.unwrap_or(0).max(0);
-                page.truncated = after < min_seq - 1;
-                (SYNC_FORWARD, after.max(min_seq - 1), 5)
-            }
+            None => (SYNC_FORWARD, req.after_seq.unwrap_or(0).max(0).max(min_seq - 1), 5),
         };
         let params = [
             (&conv as &(dyn ToSql + Sync), Type::TEXT),
@@ -195,55 +227,116 @@ impl Store {
         ];
         let rows = conn.query_typed(sql, &params[..n]).await?;
         drop(conn);
+        let decoded = rows.iter().map(|r| {
+            let reactions = match r.get::<_, Option<&str>>(REACTIONS_AT) {
+                Some(json) => Some(serde_json::from_str(json).map_err(|_| StoreError::Undecodable("reactions"))?),
+                None => None,
+            };
+            Ok((event_from_row(&req.conv, r)?, reactions))
+        });
+        if req.before_seq.is_none() {
+            return forward_page(req, (head, min_seq, epoch), decoded);
+        }
         // Backward rows come newest first, so the budget keeps the events
         // nearest `before_seq`.
-        let (events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes)?;
-        for r in rows.iter().take(events.len()) {
-            if let Some(json) = r.get::<_, Option<&str>>(REACTIONS_AT) {
-                let counts = serde_json::from_str(json).map_err(|_| StoreError::Undecodable("reactions"))?;
-                page.reactions.insert(r.get(0), counts);
-            }
-        }
-        page.has_more = cut || rows.len() as i64 > limit;
-        page.events = events;
-        if req.before_seq.is_some() {
-            page.events.reverse();
-            page.next_before = page.events.first().map(|e| e.seq);
-            page.next_after = page.events.last().map_or(bound.min(head + 1) - 1, |e| e.seq);
-        } else {
-            page.next_after = match page.events.last() {
-                Some(last) if page.has_more => last.seq,
-                // Nothing visible remains up to head: the scan covered it all.
-                _ => bound.max(head),
-            };
-        }
+        let mut page = empty_page(head, min_seq, epoch);
+        let limit = (fetch - 1) as usize;
+        let cut = fill_within_budget(&mut page, decoded.take(limit), req.max_bytes)?;
+        page.has_more = cut || rows.len() > limit;
+        page.events.reverse();
+        page.next_before = page.events.first().map(|e| e.seq);
+        page.next_after = page.events.last().map_or(bound.min(head + 1) - 1, |e| e.seq);
         Ok(page)
     }
 }
 
-/// Decodes `rows` in order until their bodies would exceed `max_bytes`; the
-/// first event with a body is always taken, so paging progresses. True when
-/// the budget cut the page short.
-fn within_budget<'a>(
-    conv: &ConvId,
-    rows: impl Iterator<Item = &'a Row>,
+/// A ring load in progress; dropped unfinished (the request was cancelled),
+/// it ends the load as failed so that nobody waits for it forever.
+struct Loading<'a> {
+    tail: &'a Tail,
+    conv: &'a ConvId,
+}
+
+impl Loading<'_> {
+    fn end(self, snapshot: Option<Snapshot>) {
+        self.tail.loaded(self.conv, snapshot);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        self.tail.loaded(self.conv, None);
+    }
+}
+
+/// An event of a page with the reactions of its message, if it has any.
+pub(super) type PageEvent = (Event, Option<Vec<ReactionCount>>);
+
+/// A forward page of `events` (the visible ones from the bound on, ascending,
+/// at most `limit + 1`), both paths' one paging rule: `(head, min_seq, epoch)`
+/// as the header read them.
+pub(super) fn forward_page(
+    req: &SyncRequest,
+    (head, min_seq, epoch): (i64, i64, i32),
+    events: impl ExactSizeIterator<Item = Result<PageEvent, StoreError>>,
+) -> Result<SyncPage, StoreError> {
+    let after = req.after_seq.unwrap_or(0).max(0);
+    let bound = after.max(min_seq - 1);
+    let limit = req.limit.clamp(1, SYNC_MAX_LIMIT) as usize;
+    let mut page = empty_page(head, min_seq, epoch);
+    page.truncated = after < min_seq - 1;
+    let fetched = events.len();
+    let cut = fill_within_budget(&mut page, events.take(limit), req.max_bytes)?;
+    page.has_more = cut || fetched > limit;
+    page.next_after = match page.events.last() {
+        Some(last) if page.has_more => last.seq,
+        // Nothing visible remains up to head: the scan covered it all.
+        _ => bound.max(head),
+    };
+    Ok(page)
+}
+
+fn empty_page(head: i64, min_seq: i64, epoch: i32) -> SyncPage {
+    SyncPage {
+        events: vec![],
+        head,
+        min_seq,
+        epoch,
+        next_after: 0,
+        next_before: None,
+        has_more: false,
+        truncated: false,
+        reactions: HashMap::new(),
+    }
+}
+
+/// Takes `events` in order into `page` until their bodies would exceed
+/// `max_bytes`; the first event with a body is always taken, so paging
+/// progresses. True when the budget cut the page short.
+fn fill_within_budget(
+    page: &mut SyncPage,
+    events: impl Iterator<Item = Result<PageEvent, StoreError>>,
     max_bytes: usize,
-) -> Result<(Vec<Event>, bool), StoreError> {
-    let (mut events, mut used) = (vec![], 0usize);
-    for r in rows {
-        let event = event_from_row(conv, r)?;
+) -> Result<bool, StoreError> {
+    let mut used = 0usize;
+    for e in events {
+        let (event, reactions) = e?;
         let size = body_bytes(&event);
         if used > 0 && used.saturating_add(size) > max_bytes {
-            return Ok((events, true));
+            return Ok(true);
         }
         used = used.saturating_add(size);
-        events.push(event);
+        if let Some(reactions) = reactions {
+            page.reactions.insert(event.seq, reactions);
+        }
+        page.events.push(event);
     }
-    Ok((events, false))
+    Ok(false)
 }
 
 /// The bytes an event carries beyond its fixed fields.
-fn body_bytes(event: &Event) -> usize {
+pub(super) fn body_bytes(event: &Event) -> usize {
     match &event.kind {
         EventKind::Msg { body, .. } | EventKind::Edit { body, .. } => body.as_ref().map_or(0, String::len),
         EventKind::Group { change, .. } => change.len(),
