@@ -197,7 +197,9 @@ impl Store {
         Ok(Some(Snapshot { head: row.get(0), min_seq: row.get(1), epoch: row.get(2), periods }))
     }
 
-    async fn sync_sql(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
+    /// The page from PostgreSQL whatever the tail holds (the reference the
+    /// tail's answers are tested against).
+    pub async fn sync_sql(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
         let conn = self.pool.get().await?;
         let (conv, user) = (req.conv.as_str(), req.user.as_str());
         // The header is read first: every event up to this head committed with
