@@ -52,8 +52,8 @@ pub use presence::Membership;
 pub use pushers::{NewPusher, NotifyLevel};
 pub use read::{MarkedRead, MemberRead, ReadsPage};
 pub use retention::PurgeReport;
-pub use tail::{Tail, TailCounts};
 pub use sync::{ReactionCount, SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
+pub use tail::{Tail, TailCounts};
 pub use write::{
     Appended, BanOp, BatchJob, ConvCache, EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch,
     ReactOp, RecallAck, RecallOp, Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
@@ -104,7 +104,12 @@ impl Store {
             // closed (`connection::Manager::is_valid`).
             .test_on_check_out(true);
         let pool = Pool::build(builder, config, settings.connect_timeout()).await?;
-        Ok(Self { pool, commit_stage: None, large_groups: settings.large_groups, tail: Arc::new(Tail::new(settings.sync_tail_bytes)) })
+        Ok(Self {
+            pool,
+            commit_stage: None,
+            large_groups: settings.large_groups,
+            tail: Arc::new(Tail::new(settings.sync_tail_bytes)),
+        })
     }
 
     /// Routes actor batches through a commit stage of `workers` merging

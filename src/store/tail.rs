@@ -10,11 +10,11 @@
 //! bytes (`IMCORE_SYNC_TAIL_BYTES`); a ring is made by the first `sync` that
 //! misses, loaded once (single flight) while later misses wait for it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use imcore_actors::{ConvId, UserId};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::watch;
 
 use super::sync::{forward_page, SyncPage, SyncRequest};
@@ -53,7 +53,10 @@ pub struct TailCounts {
 
 enum Slot {
     /// A load is running; batches committed meanwhile wait here.
-    Loading { waiting: Vec<Vec<Event>>, done: watch::Sender<()> },
+    Loading {
+        waiting: Vec<Vec<Event>>,
+        done: watch::Sender<()>,
+    },
     Ready(Ring),
 }
 
@@ -90,7 +93,13 @@ pub(super) enum Lookup {
 
 impl Tail {
     pub fn new(cap: usize) -> Self {
-        Self { rings: DashMap::new(), cap, off: AtomicBool::new(false), used: AtomicUsize::new(0), counts: TailCounts::default() }
+        Self {
+            rings: DashMap::new(),
+            cap,
+            off: AtomicBool::new(false),
+            used: AtomicUsize::new(0),
+            counts: TailCounts::default(),
+        }
     }
 
     /// Bytes all rings hold now.
@@ -243,7 +252,10 @@ impl Ring {
             EventKind::Recall { target_seq, .. } => {
                 // The message's body and its edits' bodies are erased.
                 self.changed.insert(*target_seq);
-                let edits = self.events.iter().filter(|e| matches!(e.kind, EventKind::Edit { target_seq: t, .. } if t == *target_seq));
+                let edits = self
+                    .events
+                    .iter()
+                    .filter(|e| matches!(e.kind, EventKind::Edit { target_seq: t, .. } if t == *target_seq));
                 self.changed.extend(edits.map(|e| e.seq).collect::<Vec<_>>());
             }
             EventKind::Join { subject, .. } => {
@@ -293,11 +305,19 @@ impl Ring {
         let fetch = req.limit.clamp(1, super::SYNC_MAX_LIMIT) as usize + 1;
         let visible = |seq: i64| periods.iter().any(|&(from, to)| from <= seq && seq <= to.unwrap_or(head).min(head));
         let start = usize::try_from(bound - self.base).ok()?;
-        let events: Vec<&Event> = self.events.iter().skip(start).take_while(|e| e.seq <= head).filter(|e| visible(e.seq)).take(fetch).collect();
+        let events: Vec<&Event> = self
+            .events
+            .iter()
+            .skip(start)
+            .take_while(|e| e.seq <= head)
+            .filter(|e| visible(e.seq))
+            .take(fetch)
+            .collect();
         if events.iter().any(|e| self.changed.contains(&e.seq)) {
             return None;
         }
-        let page = forward_page(req, (head, self.min_seq, self.epoch), events.into_iter().map(|e| Ok((e.clone(), None))));
+        let page =
+            forward_page(req, (head, self.min_seq, self.epoch), events.into_iter().map(|e| Ok((e.clone(), None))));
         Some(page)
     }
 }

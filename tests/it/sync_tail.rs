@@ -90,7 +90,8 @@ async fn tail_pages_are_the_sql_pages(path: Path) {
     let dan = env.store().sync(&SyncRequest::forward(conv.clone(), uid("u-dan"), base)).await.expect("sync");
     // Negative control: a ring ignoring periods answers cai like ana; the comparison tells them apart.
     let ana = env.store().sync_sql(&SyncRequest::forward(conv.clone(), uid("u-ana"), base)).await;
-    let naive_caught = wire(&ana) != wire(&env.store().sync_sql(&SyncRequest::forward(conv.clone(), uid("u-cai"), base)).await);
+    let naive_caught =
+        wire(&ana) != wire(&env.store().sync_sql(&SyncRequest::forward(conv.clone(), uid("u-cai"), base)).await);
     let pass = differ.is_empty()
         && hits > compared / 4
         && cai_seqs.len() < all.len()
