@@ -11,7 +11,6 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::error::decoded;
-use super::tail::{Lookup, Snapshot, Tail};
 use super::{Store, StoreError};
 use crate::config::SYNC_DEFAULT_MAX_BYTES;
 use crate::domain::{Emoji, Event, EventKind, LeaveReason, Rejection};
@@ -149,54 +148,7 @@ SELECT e.* FROM membership_periods p
  ORDER BY e.seq DESC LIMIT $5"
 );
 
-/// The snapshot a tail ring starts from (one statement): the head, `min_seq`,
-/// epoch and every member's periods, by user and `from_seq`.
-const TAIL_SNAPSHOT: &str = "
-SELECT c.next_seq - 1, c.min_seq, c.epoch, p.users, p.froms, p.tos
-  FROM conversations c
- CROSS JOIN LATERAL (
-   SELECT array_agg(p.user_id ORDER BY p.user_id, p.from_seq) AS users,
-          array_agg(p.from_seq ORDER BY p.user_id, p.from_seq) AS froms,
-          array_agg(p.to_seq ORDER BY p.user_id, p.from_seq) AS tos
-     FROM membership_periods p WHERE p.conv_id = c.conv_id) p
- WHERE c.conv_id = $1";
-
 impl Store {
-    /// A page from the conversation's tail in memory when it lies inside it
-    /// ([`Tail`](super::tail::Tail)), else from PostgreSQL.
-    pub async fn sync(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
-        loop {
-            match self.tail.lookup(req) {
-                Lookup::Page(page) => return page,
-                Lookup::Sql => return self.sync_sql(req).await,
-                // Err: the load ended and dropped the sender; either way, look again.
-                Lookup::Wait(mut done) => while done.changed().await.is_ok() {},
-                Lookup::Load => {
-                    let loading = Loading { tail: &self.tail, conv: &req.conv };
-                    let snapshot = self.tail_snapshot(&req.conv).await;
-                    loading.end(snapshot.ok().flatten());
-                }
-            }
-        }
-    }
-
-    async fn tail_snapshot(&self, conv: &ConvId) -> Result<Option<Snapshot>, StoreError> {
-        let conn = self.pool.get().await?;
-        let Some(row) = conn.query_typed_opt(TAIL_SNAPSHOT, &[(&conv.as_str(), Type::TEXT)]).await? else {
-            return Ok(None);
-        };
-        drop(conn);
-        let users: Vec<&str> = row.get::<_, Option<_>>(3).unwrap_or_default();
-        let froms: Vec<i64> = row.get::<_, Option<_>>(4).unwrap_or_default();
-        let tos: Vec<Option<i64>> = row.get::<_, Option<_>>(5).unwrap_or_default();
-        let mut periods: HashMap<UserId, Vec<(i64, Option<i64>)>> = HashMap::new();
-        for ((user, from), to) in users.into_iter().zip(froms).zip(tos) {
-            let user = decoded(UserId::parse(user), "member user_id")?;
-            periods.entry(user).or_default().push((from, to));
-        }
-        Ok(Some(Snapshot { head: row.get(0), min_seq: row.get(1), epoch: row.get(2), periods }))
-    }
-
     /// The page from PostgreSQL whatever the tail holds (the reference the
     /// tail's answers are tested against).
     pub async fn sync_sql(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
@@ -249,26 +201,6 @@ impl Store {
         page.next_before = page.events.first().map(|e| e.seq);
         page.next_after = page.events.last().map_or(bound.min(head + 1) - 1, |e| e.seq);
         Ok(page)
-    }
-}
-
-/// A ring load in progress; dropped unfinished (the request was cancelled),
-/// it ends the load as failed so that nobody waits for it forever.
-struct Loading<'a> {
-    tail: &'a Tail,
-    conv: &'a ConvId,
-}
-
-impl Loading<'_> {
-    fn end(self, snapshot: Option<Snapshot>) {
-        self.tail.loaded(self.conv, snapshot);
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Loading<'_> {
-    fn drop(&mut self) {
-        self.tail.loaded(self.conv, None);
     }
 }
 

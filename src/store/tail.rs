@@ -17,9 +17,12 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::watch;
 
+use tokio_postgres::types::Type;
+
+use super::error::decoded;
 use super::sync::{forward_page, SyncPage, SyncRequest};
 use super::write::Appended;
-use super::StoreError;
+use super::{Store, StoreError};
 use crate::domain::{Event, EventKind, Rejection};
 
 /// A member's periods, `(from_seq, to_seq)` by ascending `from_seq`; an open one last.
@@ -78,6 +81,75 @@ struct Ring {
     changed: HashSet<i64>,
     periods: HashMap<UserId, Periods>,
     bytes: usize,
+}
+
+/// The snapshot a tail ring starts from (one statement): the head, `min_seq`,
+/// epoch and every member's periods, by user and `from_seq`.
+const TAIL_SNAPSHOT: &str = "
+SELECT c.next_seq - 1, c.min_seq, c.epoch, p.users, p.froms, p.tos
+  FROM conversations c
+ CROSS JOIN LATERAL (
+   SELECT array_agg(p.user_id ORDER BY p.user_id, p.from_seq) AS users,
+          array_agg(p.from_seq ORDER BY p.user_id, p.from_seq) AS froms,
+          array_agg(p.to_seq ORDER BY p.user_id, p.from_seq) AS tos
+     FROM membership_periods p WHERE p.conv_id = c.conv_id) p
+ WHERE c.conv_id = $1";
+
+impl Store {
+    /// A page from the conversation's tail in memory when it lies inside it
+    /// ([`Tail`](super::tail::Tail)), else from PostgreSQL.
+    pub async fn sync(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
+        loop {
+            match self.tail.lookup(req) {
+                Lookup::Page(page) => return page,
+                Lookup::Sql => return self.sync_sql(req).await,
+                // Err: the load ended and dropped the sender; either way, look again.
+                Lookup::Wait(mut done) => while done.changed().await.is_ok() {},
+                Lookup::Load => {
+                    let loading = Loading { tail: &self.tail, conv: &req.conv };
+                    let snapshot = self.tail_snapshot(&req.conv).await;
+                    loading.end(snapshot.ok().flatten());
+                }
+            }
+        }
+    }
+
+    async fn tail_snapshot(&self, conv: &ConvId) -> Result<Option<Snapshot>, StoreError> {
+        let conn = self.pool.get().await?;
+        let Some(row) = conn.query_typed_opt(TAIL_SNAPSHOT, &[(&conv.as_str(), Type::TEXT)]).await? else {
+            return Ok(None);
+        };
+        drop(conn);
+        let users: Vec<&str> = row.get::<_, Option<_>>(3).unwrap_or_default();
+        let froms: Vec<i64> = row.get::<_, Option<_>>(4).unwrap_or_default();
+        let tos: Vec<Option<i64>> = row.get::<_, Option<_>>(5).unwrap_or_default();
+        let mut periods: HashMap<UserId, Vec<(i64, Option<i64>)>> = HashMap::new();
+        for ((user, from), to) in users.into_iter().zip(froms).zip(tos) {
+            let user = decoded(UserId::parse(user), "member user_id")?;
+            periods.entry(user).or_default().push((from, to));
+        }
+        Ok(Some(Snapshot { head: row.get(0), min_seq: row.get(1), epoch: row.get(2), periods }))
+    }
+}
+
+/// A ring load in progress; dropped unfinished (the request was cancelled),
+/// it ends the load as failed so that nobody waits for it forever.
+struct Loading<'a> {
+    tail: &'a Tail,
+    conv: &'a ConvId,
+}
+
+impl Loading<'_> {
+    fn end(self, snapshot: Option<Snapshot>) {
+        self.tail.loaded(self.conv, snapshot);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        self.tail.loaded(self.conv, None);
+    }
 }
 
 /// What [`Tail::lookup`] found.
