@@ -174,7 +174,8 @@ mod tests {
         assert!(notice(&kick, &row("bob", 1, None), all, false).is_none());
         let left = event(7, EventKind::Leave { subject: user("ann"), actor: user("ann"), reason: LeaveReason::Left });
         assert!(notice(&left, &row("ann", 1, Some(7)), all, false).is_none());
-        let role = event(8, EventKind::Group { actor: Some(user("own")), change: r#"{"role":{"user_id":"ann"}}"#.into() });
+        let role =
+            event(8, EventKind::Group { actor: Some(user("own")), change: r#"{"role":{"user_id":"ann"}}"#.into() });
         assert!(notice(&role, &row("ann", 1, None), all, false).is_some());
         assert!(notice(&role, &row("bob", 1, None), all, false).is_none());
     }

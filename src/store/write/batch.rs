@@ -10,7 +10,9 @@ use serde_json::json;
 
 use super::lookup::{ConvRow, RequestKey, SendAckWithHash, Target, Targets};
 use super::ops::ProfilePatch;
-use crate::domain::{ConvStatus, DeliveryMode, DeliverySetting, Emoji, Event, EventKind, JoinMode, Role, Standing, Thresholds};
+use crate::domain::{
+    ConvStatus, DeliveryMode, DeliverySetting, Emoji, Event, EventKind, JoinMode, Role, Standing, Thresholds,
+};
 
 /// Rows and changes accumulated while the ops of a batch are checked in order.
 pub(super) struct BatchBuilder {
