@@ -118,7 +118,7 @@ async fn a_nats_server_killed_under_load_moves_its_nodes_to_another_and_loses_no
     let (senders, listeners) = devices.split_at_mut(3);
     let sending = async {
         join_all(senders.iter_mut().enumerate().map(|(i, d)| {
-            let (sent, nodes) = (&sent, &nodes[..]);
+            let sent = &sent;
             async move {
                 for key in keys(&format!("s{i}"), PER_SENDER) {
                     send_until_acked(d, nodes, &key, sent).await;
@@ -136,7 +136,7 @@ async fn a_nats_server_killed_under_load_moves_its_nodes_to_another_and_loses_no
         victim_nats.kill().await;
     };
     let listening = join_all(listeners.iter_mut().map(|d| {
-        let (marker, nodes) = (&marker, &nodes[..]);
+        let marker = &marker;
         async move {
             // Takes pushes (and resyncs) while the senders run.
             while marker.get().is_none() {
