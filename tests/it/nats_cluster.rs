@@ -2,9 +2,10 @@
 //! nodes on three `nats-server`s routed to each other (with the recipe's
 //! authorization), every node given all three URLs. The server most nodes
 //! are on is SIGKILLed under concurrent sends: its nodes reconnect to
-//! another, every acked send is in the log once, every device ends with
-//! every message (pushed, or synced after a 1013), and pushes flow across
-//! nodes again. Records go to evidence/im-13.
+//! another, every node resyncs its devices (the others told by the moved
+//! node's `imcore.lost`), every acked send is in the log once, every device
+//! ends with every message (pushed, or synced after a 1013), and pushes flow
+//! across nodes again. Records go to evidence/im-13.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -24,6 +25,8 @@ const CONV: &str = "g-q";
 const PER_SENDER: usize = 40;
 /// The NATS server is killed once this many sends were acked.
 const KILL_AFTER: usize = 30;
+/// A node's "every device here resyncs" count.
+const RESYNCS: &str = "imcore_ws_closed_total{reason=\"bus_lost\"}";
 /// Attempts of one send (a close reconnects, an error waits a little).
 const ATTEMPTS: usize = 50;
 
@@ -96,7 +99,7 @@ async fn a_nats_server_killed_under_load_moves_its_nodes_to_another_and_loses_no
         SUITE,
         "34-nats-server-killed",
         "3 nodes on a 3-server NATS cluster (routes on loopback, authorized), 2 devices per node, 3 concurrent senders; SIGKILL the NATS server most nodes are on mid-burst",
-        "its nodes reconnect to the other servers; every acked key is in the log exactly once; every device ends with every message, never pushed out of order; pushes flow across nodes again",
+        "its nodes reconnect to the other servers; every node resyncs its devices; every acked key is in the log exactly once; every device ends with every message, never pushed out of order; pushes flow across nodes again",
     );
     let mut c = Cluster::start_on_nats_cluster(3, 3).await;
     let users = ["q0", "q1", "q2", "q3", "q4", "q5"];
@@ -161,6 +164,16 @@ async fn a_nats_server_killed_under_load_moves_its_nodes_to_another_and_loses_no
         after_kill = connections(&servers(&c), victim).await;
     }
     let nodes = &c.nodes[..];
+    // Every node resynced its devices: those on the killed server at the
+    // disconnect, the others on the `imcore.lost` of a node that moved.
+    let mut resyncs = Vec::new();
+    while Instant::now() < deadline + WAIT {
+        resyncs = join_all(nodes.iter().map(|n| n.metric(RESYNCS))).await;
+        if resyncs.iter().all(|r| *r >= 1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut caught_up = Vec::new();
     for d in devices.iter_mut() {
         caught_up.push(catch_up(d, nodes, &[marker]).await);
@@ -201,13 +214,14 @@ async fn a_nats_server_killed_under_load_moves_its_nodes_to_another_and_loses_no
     let moved = after_kill.iter().flatten().sum::<u64>() == 3;
     let observed = json!({
         "connections_before": before, "killed_server": victim, "nodes_on_killed_server": on_victim,
-        "connections_after": after_kill, "killed_after_acks": killed_at.get(), "burst_ms": burst.as_millis() as u64,
+        "connections_after": after_kill, "resyncs_per_node": resyncs, "killed_after_acks": killed_at.get(), "burst_ms": burst.as_millis() as u64,
         "acked": sent.acked.len(), "logged": log.len(), "doubled": doubled, "lost": lost, "errors_retried": sent.errors,
         "devices_behind": behind, "caught_up": caught_up, "reconnects": devices.iter().map(|d| d.reconnects).collect::<Vec<_>>(),
         "pushed_after_recovery": pushed_after,
     });
     let pass = on_victim > 0
         && moved
+        && resyncs.iter().all(|r| *r >= 1.0)
         && doubled.is_empty()
         && lost.is_empty()
         && log.len() == sent.acked.len()
