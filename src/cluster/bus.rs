@@ -39,6 +39,8 @@
 //!   that user (the lanes' gap rule, ARCHITECTURE §5);
 //! * this node's outbox overflowed or a publish failed: every user on every
 //!   other node, through `imcore.lost` once the bus takes messages again.
+//! * this node reconnected to another server of a NATS cluster (the old one
+//!   may have died with batches not yet routed on): likewise, `imcore.lost`.
 //!
 //! What this node published and NATS did not confirm before its connection
 //! dropped is published again once reconnected (`publisher`); writes
@@ -86,6 +88,8 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
+    #[error("IMCORE_NATS_URL is not a comma-separated list of NATS URLs: {0:?}")]
+    Url(String),
     #[error("cannot connect to NATS at {url}: {cause}")]
     Connect { url: String, cause: String },
     #[error("cannot start the bus thread: {0}")]
@@ -131,7 +135,7 @@ impl Peers for Bus {
 }
 
 impl Bus {
-    /// Connects this node to NATS at `url`, authenticated as `settings`
+    /// Connects this node to one of the NATS servers `url` lists, authenticated as `settings`
     /// say, and joins `delivery` to the cluster. With `homes`, this node
     /// takes conversations' homes and writes what other nodes forward to it
     /// with `writer` (bodies up to `max_body` bytes), and forwards its own
@@ -145,6 +149,7 @@ impl Bus {
         writer: &Writer,
         homes: bool,
     ) -> Result<Arc<Bus>, BusError> {
+        let servers = crate::config::nats_servers(url).ok_or_else(|| BusError::Url(url.to_owned()))?;
         let node = NodeId::random();
         let key = settings.cluster_key.as_deref().unwrap_or_default();
         let max_age = Duration::from_millis(settings.max_age_ms);
@@ -175,7 +180,7 @@ impl Bus {
         let lost = Arc::new(AtomicBool::new(false));
         let bus = Arc::new(Bus { node: node.clone(), outbox, lost: lost.clone(), homes });
         let (ready, started) = oneshot::channel();
-        let (url_owned, weak, answers) = (url.to_owned(), Arc::downgrade(delivery), bus.outbox.downgrade());
+        let (weak, answers) = (Arc::downgrade(delivery), bus.outbox.downgrade());
         let confirm_subject = format!("{CONFIRM}.{}", node.as_str());
         let node_name = node.as_str().to_owned();
         std::thread::Builder::new()
@@ -187,7 +192,7 @@ impl Bus {
                 };
                 runtime.block_on(async move {
                     let subscribed = async {
-                        let client = options.connect(url_owned.as_str()).await.map_err(|e| e.to_string())?;
+                        let client = options.connect(servers).await.map_err(|e| e.to_string())?;
                         let pending = Arc::new(PendingWrites::new(client.new_inbox()));
                         let serves = serving.is_some().then_some(node_name.as_str());
                         let subs = Subscriptions::open(&client, &confirm_subject, serves, &pending)
@@ -207,6 +212,8 @@ impl Bus {
                                 answers,
                                 reconnected: reconnected.clone(),
                                 confirm_subject: confirm_subject.clone(),
+                                server: client.server_info().server_id,
+                                lost: lost.clone(),
                                 down: false,
                                 serving,
                                 pending: pending.clone(),
@@ -382,6 +389,10 @@ struct Inbound {
     /// Tells the publisher to send its unconfirmed messages again.
     reconnected: Arc<Notify>,
     confirm_subject: String,
+    /// The id of the NATS server this node is connected to (or was, last).
+    server: String,
+    /// The publisher's flag: set, it tells the other nodes `imcore.lost`.
+    lost: Arc<AtomicBool>,
     /// Disconnected from NATS since the last `Connected`.
     down: bool,
     /// A node taking homes: the writer for what is forwarded here, and the
@@ -556,6 +567,13 @@ impl Inbound {
                     tracing::warn!("bus: NATS did not confirm the subscriptions after reconnecting");
                 }
                 tracing::info!("bus: reconnected to NATS: users who connected meanwhile resync");
+                // Another server of the NATS cluster: what the old one confirmed
+                // may have died with it before crossing its routes to the others.
+                let server = self.client.server_info().server_id;
+                if server != std::mem::replace(&mut self.server, server.clone()) {
+                    tracing::warn!(server, "bus: on another NATS server: every user on the other nodes resyncs");
+                    self.lost.store(true, Ordering::Relaxed);
+                }
                 self.down = false;
                 delivery.resync_all();
                 self.reconnected.notify_one();

@@ -1,9 +1,20 @@
-//! The cluster bus's settings: how a node authenticates to NATS, and the key
-//! every bus message is signed with (ARCHITECTURE §7).
+//! The cluster bus's settings: which NATS servers a node may connect to, how
+//! it authenticates to them, and the key every bus message is signed with
+//! (ARCHITECTURE §7).
 
 use std::path::PathBuf;
 
+use async_nats::ServerAddr;
 use clap::Args;
+
+/// The servers of `IMCORE_NATS_URL`: one URL, or several separated by commas
+/// (the servers of one NATS cluster; the credentials and TLS settings apply to
+/// each). `None` if the list is empty or an entry is not a NATS URL.
+pub fn nats_servers(list: &str) -> Option<Vec<ServerAddr>> {
+    let servers: Option<Vec<ServerAddr>> =
+        list.split(',').map(str::trim).map(|url| url.parse().ok().filter(|_| !url.is_empty())).collect();
+    servers.filter(|s| !s.is_empty())
+}
 
 /// The cluster bus as a trust boundary (ARCHITECTURE §7): how a node
 /// authenticates to NATS, and the key every bus message is signed with.
@@ -81,5 +92,22 @@ impl std::fmt::Debug for BusSettings {
             .field("cluster_key", &set(&self.cluster_key))
             .field("max_age_ms", &self.max_age_ms)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nats_servers;
+
+    #[test]
+    fn a_comma_separated_list_names_every_server_and_a_bad_entry_refuses_it_all() {
+        let servers =
+            nats_servers("nats://127.0.0.1:4222, nats://127.0.0.1:4223,tls://10.0.0.3:4222").expect("three servers");
+        let ports: Vec<u16> = servers.iter().map(|s| s.port()).collect();
+        assert_eq!(ports, [4222, 4223, 4222]);
+        assert!(servers[2].tls_required());
+        for bad in ["", "nats://127.0.0.1:4222,", "nats://127.0.0.1:4222,,nats://127.0.0.1:4223", "http://x:1"] {
+            assert!(nats_servers(bad).is_none(), "{bad:?} taken");
+        }
     }
 }

@@ -18,7 +18,7 @@ use crate::domain::DEFAULT_MAX_BODY_BYTES;
 mod bus;
 mod groups;
 mod notify;
-pub use bus::BusSettings;
+pub use bus::{nats_servers, BusSettings};
 pub use groups::LargeGroupSettings;
 pub use notify::NotifySettings;
 
@@ -82,7 +82,9 @@ pub struct Config {
     pub workers: usize,
 
     /// NATS server joining this node to others on the same PostgreSQL
-    /// (ARCHITECTURE §7). Unset: a single node, no bus.
+    /// (ARCHITECTURE §7); several, comma-separated, for a NATS cluster (the
+    /// node reconnects to another when its server goes). Unset: a single
+    /// node, no bus.
     #[arg(long, env = "IMCORE_NATS_URL")]
     pub nats_url: Option<String>,
 

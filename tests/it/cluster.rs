@@ -22,17 +22,23 @@ const TRY_AGAIN_LATER: u16 = 1013;
 
 /// The whole log of `conv` as `ws`'s user reads it: `(seq, client_msg_id)`
 /// of every message, in order.
-async fn sync_all(ws: &mut Ws, conv: &str) -> Vec<(i64, String)> {
+pub(crate) async fn sync_all(ws: &mut Ws, conv: &str) -> Vec<(i64, String)> {
+    try_sync_all(ws, conv).await.expect("the connection closed while syncing")
+}
+
+/// [`sync_all`], or `None` if the connection closes first.
+async fn try_sync_all(ws: &mut Ws, conv: &str) -> Option<Vec<(i64, String)>> {
     let (mut after, mut log) = (0, Vec::new());
     loop {
-        let page = ws.request("sync", json!({"conv_id": conv, "after_seq": after, "limit": 500})).await;
+        let id = ws.try_start("sync", json!({"conv_id": conv, "after_seq": after, "limit": 500})).await?;
+        let page = ws.reply_or_close(id).await.ok()?;
         for e in page["events"].as_array().unwrap_or_else(|| panic!("sync: {page}")) {
             if e["kind"] == "msg" {
                 log.push((e["seq"].as_i64().expect("seq"), e["client_msg_id"].as_str().expect("key").to_owned()));
             }
         }
         if page["has_more"] != true {
-            return log;
+            return Some(log);
         }
         after = page["next_after"].as_i64().expect("next_after");
     }
@@ -99,12 +105,12 @@ async fn pushed_until(ws: &mut Ws, conv: &str, expected: usize) -> Vec<i64> {
     seqs
 }
 
-fn keys(prefix: &str, n: usize) -> Vec<String> {
+pub(crate) fn keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|k| format!("{prefix}-{k}")).collect()
 }
 
 /// `users` created, a group `conv` of them all; tokens in order.
-async fn members(c: &Cluster, conv: &str, users: &[&str]) -> Vec<String> {
+pub(crate) async fn members(c: &Cluster, conv: &str, users: &[&str]) -> Vec<String> {
     let mut tokens = Vec::new();
     for u in users {
         tokens.push(c.user(u).await);
@@ -328,21 +334,21 @@ async fn a_device_alternating_between_nodes_keeps_one_route_its_newest_connectio
 
 /// A device that keeps what it was pushed and reconnects (to `fallback`
 /// when its node is gone) and syncs whenever its connection ends.
-struct Device {
+pub(crate) struct Device {
     token: String,
-    node: usize,
-    ws: Ws,
+    pub(crate) node: usize,
+    pub(crate) ws: Ws,
     /// Message seqs it has, pushed or synced.
-    seen: BTreeSet<i64>,
+    pub(crate) seen: BTreeSet<i64>,
     /// Seqs pushed twice to one connection, or below one already pushed to it.
-    disorder: Vec<i64>,
+    pub(crate) disorder: Vec<i64>,
     last_pushed: i64,
-    reconnects: usize,
+    pub(crate) reconnects: usize,
 }
 
 impl Device {
     /// A device per token, token `i` on node `i` modulo the nodes.
-    async fn each_on_a_node(c: &Cluster, tokens: &[String]) -> Vec<Self> {
+    pub(crate) async fn each_on_a_node(c: &Cluster, tokens: &[String]) -> Vec<Self> {
         let mut devices = Vec::new();
         for (i, t) in tokens.iter().enumerate() {
             devices.push(Device::connect(c, t, i % c.nodes.len()).await);
@@ -363,7 +369,7 @@ impl Device {
         }
     }
 
-    fn take(&mut self, push: &Value, conv: &str) {
+    pub(crate) fn take(&mut self, push: &Value, conv: &str) {
         for seq in pushed_seqs(push, conv) {
             if seq <= self.last_pushed {
                 self.disorder.push(seq);
@@ -373,13 +379,15 @@ impl Device {
         }
     }
 
-    /// Reconnects to the first live node from its own, then syncs.
-    async fn reconnect(&mut self, nodes: &[&Node], conv: &str) {
+    /// Reconnects to the first live node from its own, then syncs; again
+    /// (at most 5 times) if the new connection is closed meanwhile (a resync).
+    pub(crate) async fn reconnect(&mut self, nodes: &[&Node], conv: &str) {
         self.reconnects += 1;
-        for node in nodes {
-            if let Ok(mut ws) = node.try_ws(&self.token).await {
-                ws.request("ping", json!({})).await;
-                self.seen.extend(sync_all(&mut ws, conv).await.into_iter().map(|(seq, _)| seq));
+        for _ in 0..5 {
+            for node in nodes {
+                let Ok(mut ws) = node.try_ws(&self.token).await else { continue };
+                let Some(log) = try_sync_all(&mut ws, conv).await else { break };
+                self.seen.extend(log.into_iter().map(|(seq, _)| seq));
                 self.ws = ws;
                 self.last_pushed = 0;
                 return;

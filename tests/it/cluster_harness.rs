@@ -48,6 +48,22 @@ authorization {
 }
 "#;
 
+/// The routes between the servers of a NATS cluster authenticate too (the
+/// recipe's `cluster { authorization }`).
+pub const ROUTE_USER: &str = "imcore-route";
+pub const ROUTE_PASSWORD: &str = "route-password-not-for-production";
+
+/// A server's `cluster` block: routes on a port of its own choosing, to the
+/// servers listening for routes on `routes`.
+fn cluster_block(routes: &[u16]) -> String {
+    let urls: Vec<String> =
+        routes.iter().map(|p| format!("\"nats-route://{ROUTE_USER}:{ROUTE_PASSWORD}@127.0.0.1:{p}\"")).collect();
+    format!(
+        "cluster {{\n  name: imcore\n  host: 127.0.0.1\n  port: -1\n  authorization {{ user: \"{ROUTE_USER}\", password: \"{ROUTE_PASSWORD}\" }}\n  routes = [ {} ]\n}}\n",
+        urls.join(", ")
+    )
+}
+
 /// Where Debian's `nats-server` package puts the binary, then `PATH`.
 fn nats_binary() -> PathBuf {
     let installed = ["/usr/sbin/nats-server", "/usr/bin/nats-server"].into_iter().map(PathBuf::from);
@@ -103,6 +119,21 @@ pub struct Nats {
     child: Child,
     pub port: u16,
     config: PathBuf,
+    /// In a NATS cluster: its route port, and its monitoring port (`/varz`).
+    cluster: Option<(u16, u16)>,
+}
+
+/// What a starting `nats-server` said about itself.
+#[derive(Default)]
+struct Said {
+    client: Option<u16>,
+    route: Option<u16>,
+    monitor: Option<u16>,
+    routes_created: usize,
+}
+
+fn port_after(line: &str, what: &str) -> Option<u16> {
+    line.split_once(what)?.1.trim().rsplit_once(':')?.1.parse().ok()
 }
 
 impl Nats {
@@ -116,6 +147,27 @@ impl Nats {
         let config = std::env::temp_dir().join(format!("imcore-nats-{}.conf", uuid::Uuid::new_v4().simple()));
         std::fs::write(&config, NATS_CONFIG).expect("write the NATS configuration");
         Self::with_config(port, config).await
+    }
+
+    /// `n` servers in one NATS cluster, each routed to every other one
+    /// (server `k` to the `k` before it) by the time this returns.
+    pub async fn cluster(n: usize) -> Vec<Self> {
+        let mut servers: Vec<Self> = Vec::new();
+        for _ in 0..n {
+            let routes: Vec<u16> = servers.iter().filter_map(|s| s.cluster.map(|(route, _)| route)).collect();
+            let config = std::env::temp_dir().join(format!("imcore-nats-{}.conf", uuid::Uuid::new_v4().simple()));
+            std::fs::write(&config, cluster_block(&routes) + NATS_CONFIG).expect("write the NATS configuration");
+            servers.push(Self::spawn(None, config, Some(routes.len())).await);
+        }
+        servers
+    }
+
+    /// The clients connected to this server of a NATS cluster (`/varz`).
+    pub async fn connections(&self) -> u64 {
+        let (_, monitor) = self.cluster.expect("a server of a NATS cluster");
+        let (status, varz) = http_raw(monitor, "GET", "/varz", None, None).await;
+        assert_eq!(status, 200, "/varz: {varz}");
+        varz["connections"].as_u64().expect("connections")
     }
 
     /// With TLS: a certificate for 127.0.0.1 signed by a CA of its own (made
@@ -167,21 +219,41 @@ impl Nats {
     }
 
     async fn with_config(port: Option<u16>, config: PathBuf) -> Self {
+        Self::spawn(port, config, None).await
+    }
+
+    /// With `routes`, a server of a NATS cluster, ready once it has that many
+    /// routes to the others.
+    async fn spawn(port: Option<u16>, config: PathBuf, routes: Option<usize>) -> Self {
         let port_arg = port.map_or("-1".to_owned(), |p| p.to_string());
+        let mut args = vec!["-c".to_owned(), config.to_string_lossy().into_owned()];
+        args.extend(["-a", "127.0.0.1", "-p", &port_arg].map(str::to_owned));
+        if routes.is_some() {
+            args.extend(["-m", "-1"].map(str::to_owned));
+        }
         let mut child = Command::new(nats_binary())
-            .args(["-c", &config.to_string_lossy(), "-a", "127.0.0.1", "-p", &port_arg])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("start nats-server");
         let stderr = child.stderr.take().expect("nats-server stderr");
-        let port = watch_output(stderr, "nats-server", |line| {
-            let (_, addr) = line.split_once("Listening for client connections on ")?;
-            addr.trim().rsplit_once(':')?.1.parse::<u16>().ok()
+        let said = std::cell::RefCell::new(Said::default());
+        let (port, cluster) = watch_output(stderr, "nats-server", |line| {
+            let mut said = said.borrow_mut();
+            said.client = said.client.or(port_after(line, "Listening for client connections on "));
+            said.route = said.route.or(port_after(line, "Listening for route connections on "));
+            said.monitor = said.monitor.or(port_after(line, "Starting http monitor on "));
+            said.routes_created += usize::from(line.contains("Route connection created"));
+            match routes {
+                None => Some((said.client?, None)),
+                Some(n) if said.routes_created >= n => Some((said.client?, Some((said.route?, said.monitor?)))),
+                Some(_) => None,
+            }
         })
         .await;
-        Self { child, port, config }
+        Self { child, port, config, cluster }
     }
 
     pub fn url(&self) -> String {
@@ -364,7 +436,8 @@ async fn relay(node: TcpStream, nats: TcpStream, swallow: Arc<AtomicBool>, mut c
     }
 }
 
-/// `n` nodes on 127.0.0.1 … 127.0.0.n, one NATS server, one database.
+/// `n` nodes on 127.0.0.1 … 127.0.0.n, one NATS server (or a NATS cluster),
+/// one database.
 pub struct Cluster {
     /// Three servers and NATS keep both cores busy: no latency-bound or
     /// browser test runs beside a cluster.
@@ -372,6 +445,8 @@ pub struct Cluster {
     /// The nodes' database, for the test's life.
     _db: TestDb,
     pub nats: Nats,
+    /// The other servers of a NATS cluster that `nats` is one of.
+    pub nats_peers: Vec<Nats>,
     pub nodes: Vec<Node>,
     data_dir: PathBuf,
 }
@@ -384,27 +459,43 @@ impl Cluster {
 
     /// As [`Cluster::start`], each node with `env` set besides.
     pub async fn start_with_env(n: u8, env: &[(&str, &str)]) -> Self {
-        let (cluster, _) = Self::start_nodes(n, None, true, env).await;
+        let (cluster, _) = Self::start_nodes(n, None, true, 1, env).await;
         homes_settled(&cluster.nodes.iter().collect::<Vec<_>>()).await;
         cluster
     }
 
     /// `n` nodes each writing every conversation itself (`IMCORE_HOME_NODE=off`).
     pub async fn start_writing_locally(n: u8) -> Self {
-        Self::start_nodes(n, None, false, &[]).await.0
+        Self::start_nodes(n, None, false, 1, &[]).await.0
     }
 
     /// Node `relayed` (if any) reaches NATS through a [`Relay`].
     pub async fn start_relayed(n: u8, relayed: Option<usize>) -> (Self, Option<Relay>) {
-        let (cluster, relay) = Self::start_nodes(n, relayed, true, &[]).await;
+        let (cluster, relay) = Self::start_nodes(n, relayed, true, 1, &[]).await;
         homes_settled(&cluster.nodes.iter().collect::<Vec<_>>()).await;
         (cluster, relay)
     }
 
-    async fn start_nodes(n: u8, relayed: Option<usize>, homes: bool, env: &[(&str, &str)]) -> (Self, Option<Relay>) {
+    /// `n` nodes taking homes on a NATS cluster of `servers`, each node given
+    /// every server's URL (`IMCORE_NATS_URL`, comma-separated).
+    pub async fn start_on_nats_cluster(n: u8, servers: usize) -> Self {
+        let (cluster, _) = Self::start_nodes(n, None, true, servers, &[]).await;
+        homes_settled(&cluster.nodes.iter().collect::<Vec<_>>()).await;
+        cluster
+    }
+
+    async fn start_nodes(
+        n: u8,
+        relayed: Option<usize>,
+        homes: bool,
+        servers: usize,
+        env: &[(&str, &str)],
+    ) -> (Self, Option<Relay>) {
         let cpu = crate::harness::alone_with_the_cpu().await;
         let db = TestDb::with_pool(2).await;
-        let nats = Nats::start().await;
+        let mut nats_peers = if servers > 1 { Nats::cluster(servers).await } else { vec![Nats::start().await] };
+        let nats = nats_peers.remove(0);
+        let urls: Vec<String> = std::iter::once(&nats).chain(&nats_peers).map(Nats::url).collect();
         let relay = match relayed {
             Some(_) => Some(Relay::start(nats.port).await),
             None => None,
@@ -414,11 +505,11 @@ impl Cluster {
         for i in 1..=n {
             let url = match &relay {
                 Some(r) if relayed == Some(usize::from(i) - 1) => format!("nats://127.0.0.1:{}", r.port),
-                _ => nats.url(),
+                _ => urls.join(","),
             };
             nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir, homes, env).await);
         }
-        (Self { _cpu: cpu, _db: db, nats, nodes, data_dir }, relay)
+        (Self { _cpu: cpu, _db: db, nats, nats_peers, nodes, data_dir }, relay)
     }
 
     /// Starts one more node with `env` changed (`None` removes a variable),

@@ -150,6 +150,11 @@ impl Ws {
         self.0.start(op, fields).await.expect("send frame")
     }
 
+    /// Like [`Ws::start`]; `None` when the connection is gone.
+    pub async fn try_start(&mut self, op: &str, fields: Value) -> Option<u64> {
+        self.0.start(op, fields).await.ok()
+    }
+
     /// The reply with this id (pushes arriving meanwhile are kept).
     pub async fn reply(&mut self, id: u64) -> Value {
         self.0.reply(id).await.unwrap_or_else(|e| panic!("waiting for reply {id}: {e}"))

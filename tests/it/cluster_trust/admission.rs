@@ -11,16 +11,17 @@ async fn without_the_credentials_or_the_key_nothing_joins() {
     let check = Check::start(
         SUITE,
         "16-bus-no-credentials",
-        "NATS with authorization: a node without NATS credentials, with a wrong password, without the cluster key, with a 31-byte key; a raw client with a wrong password; a NATS user who is not a node publishing on `imcore.route`",
+        "NATS with authorization: a node without NATS credentials, with a wrong password, without the cluster key, with a 31-byte key, with an empty entry in its server list; a raw client with a wrong password; a NATS user who is not a node publishing on `imcore.route`",
         "each node refuses to start (exit status non-zero, the cause printed); the raw client is refused; the outsider's message never reaches a subscriber of `imcore.route` (while a node's does)",
     );
     let c = Cluster::start_writing_locally(1).await;
     let mut refusals = Vec::new();
-    let cases: [(&str, Env, &str); 4] = [
+    let cases: [(&str, Env, &str); 5] = [
         ("no credentials", vec![("IMCORE_NATS_USER", None), ("IMCORE_NATS_PASSWORD", None)], "authorization"),
         ("wrong password", vec![("IMCORE_NATS_PASSWORD", Some("wrong"))], "authorization"),
         ("no cluster key", vec![("IMCORE_CLUSTER_KEY", None)], "IMCORE_CLUSTER_KEY"),
         ("31-byte key", vec![("IMCORE_CLUSTER_KEY", Some(&CLUSTER_KEY[..31]))], "IMCORE_CLUSTER_KEY"),
+        ("empty server in the list", vec![("IMCORE_NATS_URL", Some("nats://127.0.0.1:1,,"))], "comma-separated list"),
     ];
     let mut pass = true;
     for (case, env, cause) in cases {
