@@ -181,6 +181,13 @@ pub struct StoreSettings {
     pub large_groups: LargeGroupSettings,
 }
 
+impl StoreSettings {
+    /// The defaults with a pool of `pool_size` connections.
+    pub fn pool(pool_size: u32) -> Self {
+        Self { pool_size, ..Self::default() }
+    }
+}
+
 impl Default for StoreSettings {
     fn default() -> Self {
         Self {

@@ -86,7 +86,7 @@ impl Store {
     /// A pool of `pool_size` connections, other settings at their defaults
     /// (tests, tools).
     pub async fn connect(url: &str, pool_size: u32) -> Result<Self, StoreError> {
-        Self::connect_with(url, &StoreSettings { pool_size, ..StoreSettings::default() }).await
+        Self::connect_with(url, &StoreSettings::pool(pool_size)).await
     }
 
     pub async fn connect_with(url: &str, settings: &StoreSettings) -> Result<Self, StoreError> {

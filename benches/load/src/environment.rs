@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
+use imcore::config::StoreSettings;
 use imcore::store::Store;
 use serde_json::{json, Value};
 
@@ -15,7 +16,7 @@ pub type BoxError = Box<dyn std::error::Error>;
 pub async fn database(
     database_url: Option<&str>,
     data_dir: &Path,
-    pool_size: u32,
+    settings: &StoreSettings,
 ) -> Result<(Option<EmbeddedPg>, Store), BoxError> {
     let (pg, url) = match database_url {
         Some(url) => (None, url.to_owned()),
@@ -25,7 +26,7 @@ pub async fn database(
             (Some(pg), url)
         }
     };
-    let store = Store::connect(&url, pool_size).await?;
+    let store = Store::connect_with(&url, settings).await?;
     store.migrate().await?;
     Ok((pg, store))
 }

@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use imcore::config::StoreSettings;
 use imcore::protocol::inbox_item_json;
 use imcore::store::{ConvCache, GroupSettings, InboxDelta, SendOp, Store, WriteOp, INBOX_MAX_LIMIT};
 use imcore_actors::{ClientMsgId, ConvId, DeviceId};
@@ -46,7 +47,7 @@ pub fn main(args: Args) -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<Vec<String>, BoxError> {
-    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, 4).await?;
+    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, &StoreSettings::pool(4)).await?;
     let run_id = format!("{:x}", std::process::id());
     let (ana, ben) = (uid(&format!("s{run_id}-ana")), uid(&format!("s{run_id}-ben")));
     for u in [&ana, &ben] {

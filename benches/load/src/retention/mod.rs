@@ -18,7 +18,7 @@ mod purge;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use imcore::config::{RetentionSettings, WritePath};
+use imcore::config::{RetentionSettings, StoreSettings, WritePath};
 use imcore::store::{GroupSettings, Store};
 use imcore_actors::{ConvId, UserId};
 use serde_json::{json, Value};
@@ -85,7 +85,7 @@ struct Bench<'a> {
 /// The names of the runs that did not verify.
 async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let started = Instant::now();
-    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, args.pool_size).await?;
+    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, &StoreSettings::pool(args.pool_size)).await?;
     let run_id = format!("{:x}", chrono::Utc::now().timestamp_millis());
     let users = create_users(&store, &format!("ret-{run_id}")).await?;
     let bench = Bench { args: &args, store, users, run_id };

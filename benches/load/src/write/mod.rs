@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use imcore::config::WritePath;
+use imcore::config::{LargeGroupSettings, StoreSettings, WritePath};
 use imcore::store::{CreateConversation, GroupSettings, Store};
 use imcore_actors::{ConvId, UserId};
 use serde_json::{json, Value};
@@ -55,6 +55,9 @@ pub struct Args {
     /// Commit-stage workers of the actor path (0: one transaction per conversation batch).
     #[arg(long, default_value_t = 2)]
     commit_workers: usize,
+    /// `IMCORE_ACTIVITY_RESOLUTION_MS` of the store (0: a roster row write per sender per batch).
+    #[arg(long, default_value_t = LargeGroupSettings::default().activity_resolution_ms)]
+    activity_resolution_ms: i64,
     #[arg(long, default_value = "evidence/bench/hot-group.json")]
     out: PathBuf,
     #[arg(long, value_enum, default_value_t = Scenario::All)]
@@ -78,7 +81,9 @@ pub fn main(args: Args) -> std::process::ExitCode {
 
 /// The names of the runs that did not verify.
 async fn run(args: Args) -> Result<Vec<String>, BoxError> {
-    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, args.pool_size).await?;
+    let large_groups = LargeGroupSettings { activity_resolution_ms: args.activity_resolution_ms, ..Default::default() };
+    let settings = StoreSettings { large_groups, ..StoreSettings::pool(args.pool_size) };
+    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, &settings).await?;
     let run_id = format!("{:x}", chrono::Utc::now().timestamp_millis());
     let users = create_users(&store, &format!("load-{run_id}")).await?;
     if args.scenario == Scenario::Latency {
