@@ -326,7 +326,6 @@ impl Store {
             )
             .await?
             .ok_or(Rejection::NotFound("conversation".into()))?;
-        self.tail.forget(conv);
         Ok(row.get(0))
     }
 }

@@ -45,5 +45,4 @@ mod since;
 mod startup;
 mod store_rules;
 mod sync_points;
-mod sync_tail;
 mod web;

@@ -171,9 +171,7 @@ impl Store {
         cache: ConvCache,
         ops: Vec<WriteOp>,
     ) -> Result<(WrittenBatch, ConvCache), StoreError> {
-        let written = self.write_job(BatchJob { conv: conv.clone(), cache, ops }).await?;
-        self.tail.committed(&written.0.appended);
-        Ok(written)
+        self.write_job(BatchJob { conv: conv.clone(), cache, ops }).await
     }
 
     /// Commits one conversation's batch in a transaction of its own, which
