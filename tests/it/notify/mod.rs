@@ -42,6 +42,18 @@ pub async fn send(s: &TestServer, token: &str, conv: &str, text: &str, mentions:
     v["seq"].as_i64().expect("seq")
 }
 
+/// A gateway, a server, bob's token and his direct chat with ann, who is
+/// offline with one pusher (`ann-k`) at that gateway.
+async fn bob_and_offline_ann() -> (Gateway, TestServer, String, String) {
+    let gw = Gateway::start(Duration::ZERO);
+    let s = TestServer::with(fast).await;
+    let bob = s.user("bob").await;
+    let ann = s.user("ann").await;
+    set_pusher(&s, &ann, "ann-k", &gw.url).await;
+    let conv = s.direct(&bob, "ann").await;
+    (gw, s, bob, conv)
+}
+
 fn event_ids(got: &[Value]) -> Vec<String> {
     got.iter().map(|n| n["event_id"].as_str().unwrap_or_default().to_owned()).collect()
 }
@@ -145,12 +157,7 @@ async fn a_gateway_answering_500_gets_the_notification_again_and_a_rejected_push
         "500 then 200; then rejected",
         "the same event_id twice (500, 200); after a rejection the pusher row is gone and nothing more is sent",
     );
-    let gw = Gateway::start(Duration::ZERO);
-    let s = TestServer::with(fast).await;
-    let bob = s.user("bob").await;
-    let ann = s.user("ann").await;
-    set_pusher(&s, &ann, "ann-k", &gw.url).await;
-    let conv = s.direct(&bob, "ann").await;
+    let (gw, s, bob, conv) = bob_and_offline_ann().await;
     gw.fail_next(1);
     let seq = send(&s, &bob, &conv, "one", &[]).await;
     gw.wait_delivered("ann-k", 1, WAIT).await;
@@ -190,12 +197,7 @@ async fn a_burst_of_300_messages_to_an_offline_device_coalesces_into_a_few_notif
         "300 pipelined sends (the acked ones count), coalesce 300 ms",
         "at most 2 + burst time / coalescing interval notifications, the last naming the last message",
     );
-    let gw = Gateway::start(Duration::ZERO);
-    let s = TestServer::with(fast).await;
-    let bob = s.user("bob").await;
-    let ann = s.user("ann").await;
-    set_pusher(&s, &ann, "ann-k", &gw.url).await;
-    let conv = s.direct(&bob, "ann").await;
+    let (gw, s, bob, conv) = bob_and_offline_ann().await;
     let mut ws = s.ws(&bob).await;
     let started = std::time::Instant::now();
     let mut ids = Vec::new();
