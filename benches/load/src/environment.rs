@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
 use imcore::config::StoreSettings;
+use imcore::pg::{EmbeddedPg, PgOptions, DATABASE};
 use imcore::store::Store;
 use serde_json::{json, Value};
 

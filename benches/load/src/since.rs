@@ -47,7 +47,8 @@ pub fn main(args: Args) -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<Vec<String>, BoxError> {
-    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, &StoreSettings::pool(4)).await?;
+    let (_pg, store) =
+        environment::database(args.database_url.as_deref(), &args.data_dir, &StoreSettings::pool(4)).await?;
     let run_id = format!("{:x}", std::process::id());
     let (ana, ben) = (uid(&format!("s{run_id}-ana")), uid(&format!("s{run_id}-ben")));
     for u in [&ana, &ben] {

@@ -85,7 +85,9 @@ struct Bench<'a> {
 /// The names of the runs that did not verify.
 async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let started = Instant::now();
-    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, &StoreSettings::pool(args.pool_size)).await?;
+    let (_pg, store) =
+        environment::database(args.database_url.as_deref(), &args.data_dir, &StoreSettings::pool(args.pool_size))
+            .await?;
     let run_id = format!("{:x}", chrono::Utc::now().timestamp_millis());
     let users = create_users(&store, &format!("ret-{run_id}")).await?;
     let bench = Bench { args: &args, store, users, run_id };
