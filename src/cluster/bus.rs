@@ -149,7 +149,7 @@ impl Bus {
         writer: &Writer,
         homes: bool,
     ) -> Result<Arc<Bus>, BusError> {
-        let servers = crate::config::nats_servers(url).ok_or_else(|| BusError::Url(url.to_owned()))?;
+        let servers = crate::config::nats_servers(url).ok_or_else(|| BusError::Url(crate::config::nats_servers_redacted(url)))?;
         let node = NodeId::random();
         let key = settings.cluster_key.as_deref().unwrap_or_default();
         let max_age = Duration::from_millis(settings.max_age_ms);
@@ -236,10 +236,11 @@ impl Bus {
                 });
             })
             .map_err(BusError::Thread)?;
-        let connect_error = |cause: String| BusError::Connect { url: url.to_owned(), cause };
+        let shown = crate::config::nats_servers_redacted(url);
+        let connect_error = |cause: String| BusError::Connect { url: shown.clone(), cause };
         started.await.map_err(|_| connect_error("the bus thread ended".into()))?.map_err(connect_error)?;
         delivery.join(bus.clone());
-        tracing::info!(node = node.as_str(), url, homes = bus.homes.is_some(), "joined the cluster bus");
+        tracing::info!(node = node.as_str(), url = shown, homes = bus.homes.is_some(), "joined the cluster bus");
         Ok(bus)
     }
 

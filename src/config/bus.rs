@@ -16,6 +16,21 @@ pub fn nats_servers(list: &str) -> Option<Vec<ServerAddr>> {
     servers.filter(|s| !s.is_empty())
 }
 
+/// `IMCORE_NATS_URL` as it may be logged: the secret in an entry's user info
+/// (`nats://user:secret@host`, or a token: `nats://secret@host`) is `***`.
+pub fn nats_servers_redacted(list: &str) -> String {
+    let redact = |url: &str| -> String {
+        let start = url.find("://").map_or(0, |i| i + 3);
+        let authority_end = url[start..].find('/').map_or(url.len(), |i| start + i);
+        let Some(at) = url[start..authority_end].rfind('@').map(|i| start + i) else { return url.to_owned() };
+        match url[start..at].find(':') {
+            Some(colon) => format!("{}:***{}", &url[..start + colon], &url[at..]),
+            None => format!("{}***{}", &url[..start], &url[at..]),
+        }
+    };
+    list.split(',').map(redact).collect::<Vec<_>>().join(",")
+}
+
 /// The cluster bus as a trust boundary (ARCHITECTURE §7): how a node
 /// authenticates to NATS, and the key every bus message is signed with.
 #[derive(Clone, Args)]
@@ -97,7 +112,7 @@ impl std::fmt::Debug for BusSettings {
 
 #[cfg(test)]
 mod tests {
-    use super::nats_servers;
+    use super::{nats_servers, nats_servers_redacted};
 
     #[test]
     fn a_comma_separated_list_names_every_server_and_a_bad_entry_refuses_it_all() {
@@ -109,5 +124,12 @@ mod tests {
         for bad in ["", "nats://127.0.0.1:4222,", "nats://127.0.0.1:4222,,nats://127.0.0.1:4223", "http://x:1"] {
             assert!(nats_servers(bad).is_none(), "{bad:?} taken");
         }
+    }
+
+    #[test]
+    fn a_logged_server_list_shows_no_password() {
+        let shown = nats_servers_redacted("nats://imcore:s3cret@10.0.0.1:4222,nats://10.0.0.2:4222,tls://tok@h:1/x");
+        assert_eq!(shown, "nats://imcore:***@10.0.0.1:4222,nats://10.0.0.2:4222,tls://***@h:1/x");
+        assert!(!nats_servers_redacted("nats://a:b:c@h:1").contains("b:c"));
     }
 }

@@ -18,7 +18,7 @@ use crate::domain::DEFAULT_MAX_BODY_BYTES;
 mod bus;
 mod groups;
 mod notify;
-pub use bus::{nats_servers, BusSettings};
+pub use bus::{nats_servers, nats_servers_redacted, BusSettings};
 pub use groups::LargeGroupSettings;
 pub use notify::NotifySettings;
 
@@ -51,6 +51,11 @@ pub struct Config {
     /// `<data_dir>/admin-token`.
     #[arg(long, env = "IMCORE_ADMIN_TOKEN", hide_env_values = true, global = true)]
     pub admin_token: Option<String>,
+
+    /// Bearer token `/metrics` asks for, at least 32 characters. Unset: only
+    /// loopback peers may scrape it (the counts describe the service's load).
+    #[arg(long, env = "IMCORE_METRICS_TOKEN", hide_env_values = true, global = true)]
+    pub metrics_token: Option<String>,
 
     #[command(flatten)]
     pub store: StoreSettings,
@@ -131,6 +136,7 @@ impl Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             admin_token: None,
+            metrics_token: None,
             store: StoreSettings::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             engine: EngineSettings::default(),
