@@ -38,6 +38,8 @@ pub enum StartupError {
          it needs at least {MIN_ADMIN_TOKEN_CHARS} (e.g. `openssl rand -hex 32`)"
     )]
     WeakAdminToken { chars: usize },
+    #[error("IMCORE_METRICS_TOKEN has {chars} characters; it needs at least {MIN_ADMIN_TOKEN_CHARS}")]
+    WeakMetricsToken { chars: usize },
 }
 
 pub struct Application {
@@ -58,6 +60,11 @@ impl Application {
         let chars = admin_token.chars().count();
         if chars < MIN_ADMIN_TOKEN_CHARS {
             return Err(StartupError::WeakAdminToken { chars });
+        }
+        if let Some(chars) = config.metrics_token.as_ref().map(|t| t.chars().count()) {
+            if chars < MIN_ADMIN_TOKEN_CHARS {
+                return Err(StartupError::WeakMetricsToken { chars });
+            }
         }
         let (database_url, embedded_pg) = match &config.database_url {
             Some(url) => (url.clone(), None),

@@ -97,6 +97,23 @@ pub async fn device(state: &AppState, token: Option<&str>) -> Result<TokenOwner,
 /// caller's address's failures; an address that spent them all is refused
 /// `OVERLOADED` before any comparison ([`AdminGuard`](super::admin_guard::AdminGuard)).
 pub fn admin(state: &AppState, req: &HttpRequest) -> Result<(), ApiError> {
+    guarded_bearer(state, req, &state.admin_token)
+}
+
+/// Who may read `/metrics`: the holder of `IMCORE_METRICS_TOKEN` when it is
+/// set (checked as the admin token is), else loopback peers only.
+pub fn metrics(state: &AppState, req: &HttpRequest) -> Result<(), ApiError> {
+    match &state.config.metrics_token {
+        Some(expected) => guarded_bearer(state, req, expected),
+        None if req.peer_addr().is_some_and(|peer| peer.ip().is_loopback()) => Ok(()),
+        None => Err(ApiError::new(
+            ErrorCode::Unauthorized,
+            "metrics are served to loopback peers only unless IMCORE_METRICS_TOKEN is set",
+        )),
+    }
+}
+
+fn guarded_bearer(state: &AppState, req: &HttpRequest, expected: &str) -> Result<(), ApiError> {
     let (peer, now) = (req.peer_addr().map(|a| a.ip()), Instant::now());
     if state.admin_guard.blocked(peer, now) {
         return Err(ApiError::new(
@@ -104,7 +121,7 @@ pub fn admin(state: &AppState, req: &HttpRequest) -> Result<(), ApiError> {
             "too many failed admin authentications from this address; retry in a minute",
         ));
     }
-    if bearer(req).is_some_and(|given| same_secret(given, &state.admin_token)) {
+    if bearer(req).is_some_and(|given| same_secret(given, expected)) {
         return Ok(());
     }
     state.admin_guard.failed(peer, now);

@@ -53,7 +53,7 @@ use std::sync::Arc;
 
 use actix::Recipient;
 use actix_web::http::Method;
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use dashmap::DashMap;
 use futures_util::future::Either;
 use imcore_actors::registry::ConnId;
@@ -189,7 +189,8 @@ impl AppState {
 }
 
 /// `GET /metrics`: Prometheus text; gauges sampled now.
-async fn metrics_text(state: web::Data<AppState>) -> HttpResponse {
+async fn metrics_text(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    auth::metrics(&state, &req)?;
     let m = metrics();
     m.connections.with_label_values(&["routed"]).set(state.delivery.routes().connection_count() as i64);
     m.connections.with_label_values(&["sessions"]).set(state.sessions.len() as i64);
@@ -202,7 +203,7 @@ async fn metrics_text(state: web::Data<AppState>) -> HttpResponse {
     m.memory_budget.with_label_values(&["in_use"]).set(i64::try_from(state.budget.in_use()).unwrap_or(i64::MAX));
     m.memory_budget.with_label_values(&["limit"]).set(i64::try_from(state.budget.limit()).unwrap_or(i64::MAX));
     crate::metrics::sample_pool(state.store.pool().state());
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render())
+    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render()))
 }
 
 /// Every route; a wrong method answers 405 and an unknown path 404, both in

@@ -282,3 +282,58 @@ async fn a_refused_upgrade_on_a_clustered_node_draws_no_connection_id() {
         "seq_before": before, "seq_after_refused": after_refused, "seq_after_accepted": after_accepted});
     assert!(check.resolve(observed, pass));
 }
+
+/// This machine's address on its default route, if it has one (no packet is
+/// sent: a UDP connect only picks the source address).
+fn outside_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    Some(socket.local_addr().ok()?.ip()).filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+}
+
+/// The status of a bare `GET /metrics` to `addr`.
+async fn metrics_status(addr: std::net::SocketAddr) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("request");
+    let mut head = [0u8; 12];
+    tcp.read_exact(&mut head).await.expect("status line");
+    String::from_utf8_lossy(&head[9..12]).parse().unwrap_or(0)
+}
+
+#[actix_web::test]
+async fn metrics_answer_loopback_peers_or_the_metrics_token_holder_only() {
+    let check = Check::start(
+        SUITE,
+        "16-metrics-access",
+        "loopback or token",
+        "without IMCORE_METRICS_TOKEN, /metrics answers 200 to a loopback peer and 401 to a peer on another \
+         address; with it, 401 without or with a wrong token (the admin token too), 200 with it; a token under \
+         32 characters stops startup",
+    );
+    let open = TestServer::with(|c| c.listen = "0.0.0.0:0".parse().expect("address")).await;
+    let loopback = http_raw(open.port, "GET", "/metrics", None, None).await.0;
+    let outside = match outside_address() {
+        Some(ip) => Some(metrics_status((ip, open.port).into()).await),
+        None => None,
+    };
+    open.stop().await;
+    let token = "m".repeat(32);
+    let guarded = TestServer::with(|c| c.metrics_token = Some(token.clone())).await;
+    let mut answers = vec![];
+    for given in [None, Some("wrong"), Some(ADMIN), Some(token.as_str())] {
+        answers.push(http_raw(guarded.port, "GET", "/metrics", given, None).await.0);
+    }
+    guarded.stop().await;
+    let db = TestDb::with_pool(2).await;
+    let mut config = Config::for_database(db.url.clone());
+    config.metrics_token = Some("m".repeat(31));
+    let short = Application::build(config).await.err().map(|e| e.to_string()).unwrap_or_default();
+    let pass = loopback == 200
+        && outside.is_none_or(|status| status == 401)
+        && answers == [401, 401, 401, 200]
+        && short.contains("IMCORE_METRICS_TOKEN");
+    let observed = json!({"no_token": {"loopback": loopback, "other_address": outside}, "with_token": {
+        "none_wrong_admin_right": answers}, "31_chars": short});
+    assert!(check.resolve(observed, pass));
+}
