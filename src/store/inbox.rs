@@ -98,6 +98,9 @@ pub static INBOX_PAGE: LazyLock<String> = LazyLock::new(|| {
 /// `page` ends with a LIMIT, so PostgreSQL cannot flatten it: the LATERALs
 /// run only for the rows of the page, never for every conversation of the user.
 pub(super) fn inbox_items_sql(page: &str) -> String {
+    let unread = unread_count("page", "unread", "", UNREAD_CAP);
+    let unread_mentions =
+        unread_count("page", "unread_mentions", "AND (e.mention_all OR $1 = ANY(e.mentions))", UNREAD_MENTIONS_CAP);
     format!(
         "
 WITH page AS ({page})
@@ -116,24 +119,26 @@ SELECT le.seq, le.kind, le.created_at, le.message_id, le.sender_user, le.sender_
       FROM events e
      WHERE e.conv_id = page.conv_id AND e.seq >= page.from_seq
      ORDER BY e.seq DESC LIMIT 1) le ON true
-  CROSS JOIN LATERAL (
-    SELECT count(*) AS unread FROM (
-      SELECT 1 FROM events e
-       WHERE e.conv_id = page.conv_id
-         AND e.seq > greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1)
-         AND e.seq <= greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1) + {UNREAD_SCAN_ROWS}
-         AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1
-       LIMIT {UNREAD_CAP}) x) u
-  CROSS JOIN LATERAL (
-    SELECT count(*) AS unread_mentions FROM (
-      SELECT 1 FROM events e
-       WHERE e.conv_id = page.conv_id
-         AND e.seq > greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1)
-         AND e.seq <= greatest(coalesce(rc.read_seq, 0), page.from_seq - 1, c.min_seq - 1) + {UNREAD_SCAN_ROWS}
-         AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1
-         AND (e.mention_all OR $1 = ANY(e.mentions))
-       LIMIT {UNREAD_MENTIONS_CAP}) x) um
+  CROSS JOIN LATERAL ({unread}) u
+  CROSS JOIN LATERAL ({unread_mentions}) um
  ORDER BY c.last_event_at DESC, c.conv_id"
+    )
+}
+
+/// `count(*) AS <name>` of the messages user `$1` has not read in the
+/// conversation of `<period>.conv_id` (a row with `from_seq`, beside `c` the
+/// conversation and `rc` the user's read cursor), `filter` narrowing them:
+/// the bounded scan described above, capped at `cap`.
+pub(super) fn unread_count(period: &str, name: &str, filter: &str, cap: i64) -> String {
+    format!(
+        "
+    SELECT count(*) AS {name} FROM (
+      SELECT 1 FROM events e
+       WHERE e.conv_id = {period}.conv_id
+         AND e.seq > greatest(coalesce(rc.read_seq, 0), {period}.from_seq - 1, c.min_seq - 1)
+         AND e.seq <= greatest(coalesce(rc.read_seq, 0), {period}.from_seq - 1, c.min_seq - 1) + {UNREAD_SCAN_ROWS}
+         AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1 {filter}
+       LIMIT {cap}) x"
     )
 }
 

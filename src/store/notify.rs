@@ -14,7 +14,8 @@ use tokio_postgres::types::{Json, Type};
 use super::error::decoded;
 use super::pushers::NotifyLevel;
 use super::sync::event_from_row;
-use super::{Store, StoreError, UNREAD_CAP, UNREAD_SCAN_ROWS};
+use super::inbox::unread_count;
+use super::{Store, StoreError, UNREAD_CAP};
 use crate::domain::Event;
 
 /// One pusher of a push target of a batch, with the member's period that
@@ -75,15 +76,9 @@ SELECT coalesce(sum(u.unread), 0)::int8
   FROM membership_periods p
   JOIN conversations c ON c.conv_id = p.conv_id
   LEFT JOIN read_cursors rc ON rc.user_id = $1 AND rc.conv_id = p.conv_id
-  CROSS JOIN LATERAL (
-    SELECT count(*) AS unread FROM (
-      SELECT 1 FROM events e
-       WHERE e.conv_id = p.conv_id
-         AND e.seq > greatest(coalesce(rc.read_seq, 0), p.from_seq - 1, c.min_seq - 1)
-         AND e.seq <= greatest(coalesce(rc.read_seq, 0), p.from_seq - 1, c.min_seq - 1) + {UNREAD_SCAN_ROWS}
-         AND e.kind = 'msg' AND NOT e.recalled AND e.sender_user <> $1
-       LIMIT {UNREAD_CAP}) x) u
- WHERE p.user_id = $1 AND p.to_seq IS NULL"
+  CROSS JOIN LATERAL ({}) u
+ WHERE p.user_id = $1 AND p.to_seq IS NULL",
+        unread_count("p", "unread", "", UNREAD_CAP)
     )
 });
 
