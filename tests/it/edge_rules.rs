@@ -3,56 +3,23 @@
 //! ids that differ only in case; a refused WebSocket upgrade that costs the
 //! cluster's connection sequence nothing. Records go to evidence/im-16.
 
-use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use imcore::config::Config;
 use imcore::startup::Application;
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::cluster_harness::{Nats, CLUSTER_KEY, NODE_PASSWORD, NODE_USER};
 use crate::evidence::Check;
 use crate::harness::TestDb;
 use crate::input_forms::row_counts;
-use crate::server::{free_port, http_raw, TestServer, Ws, ADMIN};
+use crate::server::{free_port, http_raw, spawn_binary, TestServer, Ws, ADMIN};
 
 const SUITE: &str = "im-16";
 
 fn code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
-}
-
-/// The server binary on `port`, logging with `filter` into `log`.
-async fn spawn_logging(db_url: &str, port: u16, filter: &str, log: &Path) -> Child {
-    let out = std::fs::File::create(log).expect("log file");
-    let err = out.try_clone().expect("log file");
-    let child = Command::new(env!("CARGO_BIN_EXE_imcore"))
-        .env("DATABASE_URL", db_url)
-        .env("IMCORE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("IMCORE_ADMIN_TOKEN", ADMIN)
-        .env("IMCORE_DATA_DIR", log.with_extension("data"))
-        .env("IMCORE_LOG", filter)
-        .env("IMCORE_WORKERS", "1")
-        .env("IMCORE_POOL_SIZE", "4")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the server binary");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http_raw_ready(port).await.is_none() {
-        assert!(Instant::now() < deadline, "the server binary did not become ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    child
-}
-
-async fn http_raw_ready(port: u16) -> Option<()> {
-    tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    (http_raw(port, "GET", "/readyz", None, None).await.0 == 200).then_some(())
 }
 
 #[actix_web::test]
@@ -103,7 +70,8 @@ async fn failed_admin_guesses_are_throttled_per_address_and_logged_once_without_
     let db = TestDb::with_pool(4).await;
     let port = free_port();
     let log = std::env::temp_dir().join(format!("imcore-admin-guard-{}-{port}.log", std::process::id()));
-    let mut server = spawn_logging(&db.url, port, "warn", &log).await;
+    let mut server =
+        spawn_binary(&db.url, port, &[("IMCORE_LOG", "warn"), ("IMCORE_POOL_SIZE", "4")], Some(&log)).await;
     let (status, _) = http_raw(port, "POST", "/v1/admin/users", Some(ADMIN), Some(r#"{"user_id":"u-ana"}"#)).await;
     assert_eq!(status, 201);
     let guess = "guess-0123456789abcdef0123456789abcdef";
@@ -160,7 +128,8 @@ async fn debug_logs_carry_no_message_body_unless_the_database_driver_is_named() 
     for filter in ["debug", "debug,tokio_postgres=debug"] {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("imcore-debug-log-{}-{port}.log", std::process::id()));
-        let mut server = spawn_logging(&db.url, port, filter, &log).await;
+        let mut server =
+            spawn_binary(&db.url, port, &[("IMCORE_LOG", filter), ("IMCORE_POOL_SIZE", "4")], Some(&log)).await;
         let user = format!("u-{port}");
         let (status, _) =
             http_raw(port, "POST", "/v1/admin/users", Some(ADMIN), Some(&json!({"user_id": user}).to_string())).await;

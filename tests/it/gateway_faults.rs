@@ -3,7 +3,6 @@
 //! killed with SIGKILL under load and restarted. Records go to evidence/im-05.
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -11,14 +10,13 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::commit_stall;
 use crate::evidence::Check;
 use crate::harness::TestDb;
-use crate::server::{free_port, http_raw, TestServer, Ws, ADMIN};
+use crate::server::{free_port, http_raw, spawn_binary, TestServer, Ws, ADMIN};
 use crate::sync_points::{pushed_seqs, sample};
 
 const SUITE: &str = "im-05";
@@ -205,35 +203,6 @@ async fn a_frame_announcing_more_than_64_kib_is_refused_with_1009_before_its_pay
     assert!(pass);
 }
 
-/// The real binary as a child process on `port`.
-async fn spawn_server(db_url: &str, port: u16) -> Child {
-    let data_dir = std::env::temp_dir().join(format!("imcore-sigkill-{}-{port}", std::process::id()));
-    let child = Command::new(env!("CARGO_BIN_EXE_imcore"))
-        .env("DATABASE_URL", db_url)
-        .env("IMCORE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("IMCORE_ADMIN_TOKEN", ADMIN)
-        .env("IMCORE_DATA_DIR", data_dir)
-        .env("IMCORE_LOG", "error")
-        .env("IMCORE_WORKERS", "1")
-        .env("IMCORE_ARBITERS", "1")
-        .env("IMCORE_POOL_SIZE", "8")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the server binary");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if TcpStream::connect(("127.0.0.1", port)).await.is_ok()
-            && http_raw(port, "GET", "/readyz", None, None).await.0 == 200
-        {
-            return child;
-        }
-        assert!(Instant::now() < deadline, "the server binary did not become ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// One send as the client saw it.
 #[derive(Debug, Clone)]
 struct Attempt {
@@ -334,7 +303,7 @@ async fn acked_sends_survive_sigkill_and_unacked_ones_retry_to_exactly_one_row()
     let watch = db.client().await;
     commit_stall::install(&watch, 3.0).await;
     let port = free_port();
-    let mut server = spawn_server(&db.url, port).await;
+    let mut server = spawn_binary(&db.url, port, &[], None).await;
     let users = kill_group(port, conv, SENDERS).await;
 
     let senders = join_all(
@@ -357,7 +326,7 @@ async fn acked_sends_survive_sigkill_and_unacked_ones_retry_to_exactly_one_row()
         !stalled.is_empty() && commit_stall::wait_until_gone(&watch, &stalled, Duration::from_secs(30)).await;
 
     let port = free_port();
-    let mut server = spawn_server(&db.url, port).await;
+    let mut server = spawn_binary(&db.url, port, &[], None).await;
     let rows = msg_rows(&db, conv).await;
     let stats_after_restart = log_stats(&db, conv).await;
     let acked_exact = acked.iter().all(|a| {

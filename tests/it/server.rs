@@ -2,7 +2,8 @@
 //! protocol client (`imcore-client`): the same calls, failing the test
 //! instead of returning errors, with bounded waits.
 
-use std::time::Duration;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use imcore::config::Config;
 use imcore::gateway::AppState;
@@ -10,6 +11,8 @@ use imcore::startup::{Application, ShutdownTrigger};
 use imcore_client::ClientError;
 pub use imcore_client::Closed;
 use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
 
 use crate::harness::TestDb;
 
@@ -224,5 +227,45 @@ fn upgraded(r: Result<imcore_client::Ws, ClientError>) -> Result<Ws, u16> {
         Ok(ws) => Ok(Ws(ws)),
         Err(ClientError::Refused(status)) => Err(status),
         Err(e) => panic!("websocket connect: {e}"),
+    }
+}
+
+/// The real server binary as a child process on `port`, once `/readyz`
+/// answers: one worker and one arbiter, a pool of 8, errors logged to
+/// nowhere; `env` overrides or adds settings, `log` takes stdout and stderr.
+pub async fn spawn_binary(db_url: &str, port: u16, env: &[(&str, &str)], log: Option<&std::path::Path>) -> Child {
+    let data_dir = std::env::temp_dir().join(format!("imcore-binary-{}-{port}", std::process::id()));
+    let (out, err) = match log {
+        Some(path) => {
+            let file = std::fs::File::create(path).expect("log file");
+            (Stdio::from(file.try_clone().expect("log file")), Stdio::from(file))
+        }
+        None => (Stdio::null(), Stdio::null()),
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_imcore"))
+        .env("DATABASE_URL", db_url)
+        .env("IMCORE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("IMCORE_ADMIN_TOKEN", ADMIN)
+        .env("IMCORE_DATA_DIR", data_dir)
+        .env("IMCORE_LOG", "error")
+        .env("IMCORE_WORKERS", "1")
+        .env("IMCORE_ARBITERS", "1")
+        .env("IMCORE_POOL_SIZE", "8")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the server binary");
+    let deadline = Instant::now() + WAIT * 3;
+    loop {
+        if TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+            && http_raw(port, "GET", "/readyz", None, None).await.0 == 200
+        {
+            return child;
+        }
+        assert!(Instant::now() < deadline, "the server binary did not become ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

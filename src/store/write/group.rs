@@ -218,14 +218,14 @@ impl BatchBuilder {
 mod tests {
     use std::collections::HashSet;
 
-    use chrono::{Duration, Utc};
+    use chrono::Duration;
     use imcore_actors::{ConvId, UserId};
 
     use super::super::batch::{BatchBuilder, MemberChange};
     use super::super::lookup::ConvRow;
     use super::super::ops::{GroupChange, GroupOp, Invited, ProfilePatch, Written};
     use super::super::Roster;
-    use crate::domain::{ConvStatus, DeliveryMode, DeliverySetting, JoinMode, Rejection, Role, Standing};
+    use crate::domain::{JoinMode, Rejection, Role, Standing};
 
     fn uid(s: &str) -> UserId {
         UserId::parse(s).expect("id")
@@ -233,24 +233,7 @@ mod tests {
 
     /// A group of owner `o`, admin `a`, members `m` and `n`, as of seq 4.
     fn arrange(join_mode: JoinMode) -> (BatchBuilder, Roster) {
-        let row = ConvRow {
-            group: true,
-            status: ConvStatus::Active,
-            next_seq: 5,
-            member_version: 1,
-            member_count: 4,
-            max_member: 5,
-            mute_all: false,
-            join_mode,
-            delivery_mode: DeliveryMode::Push,
-            delivery_setting: DeliverySetting::Auto,
-            now: Utc::now(),
-            recall_window_ms: 120_000,
-            retention_ms: None,
-            name: None,
-            owner: None,
-            edit_window_ms: 86_400_000,
-        };
+        let row = ConvRow { join_mode, ..ConvRow::test_group(5, 4, 5) };
         let mut roster = Roster::default();
         for (u, role) in [("o", Role::Owner), ("a", Role::Admin), ("m", Role::Member), ("n", Role::Member)] {
             roster.insert(uid(u), Standing::new(role));

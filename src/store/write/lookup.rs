@@ -40,6 +40,32 @@ pub(super) struct ConvRow {
     pub(super) edit_window_ms: i64,
 }
 
+#[cfg(test)]
+impl ConvRow {
+    /// The rules' unit tests' row: an active push group, invite-only, with
+    /// the default windows, as locked at `next_seq` with `member_count` members.
+    pub(super) fn test_group(next_seq: i64, member_count: i32, max_member: i32) -> Self {
+        Self {
+            group: true,
+            status: ConvStatus::Active,
+            next_seq,
+            member_version: 1,
+            member_count,
+            max_member,
+            mute_all: false,
+            join_mode: JoinMode::Invite,
+            delivery_mode: DeliveryMode::Push,
+            delivery_setting: DeliverySetting::Auto,
+            now: Utc::now(),
+            recall_window_ms: 120_000,
+            retention_ms: None,
+            name: None,
+            owner: None,
+            edit_window_ms: 86_400_000,
+        }
+    }
+}
+
 /// How a write transaction takes its conversation rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum LockMode {

@@ -181,7 +181,7 @@ mod tests {
     use super::super::ops::{LeaveOp, SendOp, WriteOp};
     use super::super::{BatchJob, ConvCache, Roster};
     use super::plan;
-    use crate::domain::{Body, ConvStatus, DeliveryMode, DeliverySetting, JoinMode, LeaveReason, Role, Standing};
+    use crate::domain::{Body, LeaveReason, Role, Standing};
 
     fn uid(s: &str) -> UserId {
         UserId::parse(s).expect("id")
@@ -198,24 +198,7 @@ mod tests {
 
     /// A warm cache: the row as of seq 9, and the standings of `roster`.
     fn job(mute_all: bool, roster: &[(&str, Standing)], ops: Vec<WriteOp>) -> BatchJob {
-        let row = ConvRow {
-            group: true,
-            status: ConvStatus::Active,
-            next_seq: 10,
-            member_version: 3,
-            member_count: 3,
-            max_member: 100,
-            mute_all,
-            join_mode: JoinMode::Invite,
-            delivery_mode: DeliveryMode::Push,
-            delivery_setting: DeliverySetting::Auto,
-            now: Utc::now(),
-            recall_window_ms: 120_000,
-            retention_ms: None,
-            name: None,
-            owner: None,
-            edit_window_ms: 86_400_000,
-        };
+        let row = ConvRow { mute_all, member_version: 3, ..ConvRow::test_group(10, 3, 100) };
         let mut known = Roster::default();
         for (u, standing) in roster {
             known.insert(uid(u), standing.clone());

@@ -29,32 +29,13 @@ impl BatchBuilder {
 
 #[cfg(test)]
 mod tests {
-    use chrono::Utc;
     use imcore_actors::ConvId;
 
     use super::super::lookup::ConvRow;
     use super::*;
-    use crate::domain::{DeliveryMode, DeliverySetting, JoinMode};
 
     fn builder(group: bool, status: ConvStatus) -> BatchBuilder {
-        let row = ConvRow {
-            group,
-            status,
-            next_seq: 5,
-            member_version: 1,
-            member_count: 2,
-            max_member: 500,
-            mute_all: false,
-            join_mode: JoinMode::Invite,
-            delivery_mode: DeliveryMode::Push,
-            delivery_setting: DeliverySetting::Auto,
-            now: Utc::now(),
-            recall_window_ms: 120_000,
-            retention_ms: None,
-            name: None,
-            owner: None,
-            edit_window_ms: 86_400_000,
-        };
+        let row = ConvRow { group, status, ..ConvRow::test_group(5, 2, 500) };
         BatchBuilder::new(&ConvId::parse("g").expect("id"), &row)
     }
 

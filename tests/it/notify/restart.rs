@@ -3,50 +3,24 @@
 //! takes the dead one's leases over once they ran out) every notification
 //! that was due arrives.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 
 use super::gateway::Gateway;
 use super::SUITE;
 use crate::evidence::Check;
 use crate::harness::TestDb;
-use crate::server::{free_port, http_raw, ADMIN};
+use crate::server::{free_port, http_raw, spawn_binary, ADMIN};
 
-async fn spawn_server(db_url: &str, port: u16) -> Child {
-    let data_dir = std::env::temp_dir().join(format!("imcore-notify-{}-{port}", std::process::id()));
-    let child = Command::new(env!("CARGO_BIN_EXE_imcore"))
-        .env("DATABASE_URL", db_url)
-        .env("IMCORE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("IMCORE_ADMIN_TOKEN", ADMIN)
-        .env("IMCORE_DATA_DIR", data_dir)
-        .env("IMCORE_LOG", "error")
-        .env("IMCORE_WORKERS", "1")
-        .env("IMCORE_ARBITERS", "1")
-        .env("IMCORE_POOL_SIZE", "4")
-        .env("IMCORE_NOTIFY_LEASE_MS", "1500")
-        .env("IMCORE_NOTIFY_FLUSH_MS", "200")
-        .env("IMCORE_NOTIFY_BACKOFF_MS", "200")
-        .env("IMCORE_NOTIFY_COALESCE_MS", "300")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the server binary");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if TcpStream::connect(("127.0.0.1", port)).await.is_ok()
-            && http_raw(port, "GET", "/readyz", None, None).await.0 == 200
-        {
-            return child;
-        }
-        assert!(Instant::now() < deadline, "the server binary did not become ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// Short notifier timers, so the dead node's leases run out within the test.
+const NOTIFY_ENV: [(&str, &str); 5] = [
+    ("IMCORE_POOL_SIZE", "4"),
+    ("IMCORE_NOTIFY_LEASE_MS", "1500"),
+    ("IMCORE_NOTIFY_FLUSH_MS", "200"),
+    ("IMCORE_NOTIFY_BACKOFF_MS", "200"),
+    ("IMCORE_NOTIFY_COALESCE_MS", "300"),
+];
 
 async fn post(port: u16, path: &str, token: &str, body: serde_json::Value) -> serde_json::Value {
     let (status, v) = http_raw(port, "POST", path, Some(token), Some(&body.to_string())).await;
@@ -66,7 +40,7 @@ async fn notifications_pending_at_a_kill_9_all_arrive_after_the_restart() {
     gw.fail_next(usize::MAX);
     let db = TestDb::with_pool(2).await;
     let port = free_port();
-    let mut server = spawn_server(&db.url, port).await;
+    let mut server = spawn_binary(&db.url, port, &NOTIFY_ENV, None).await;
     let token = |v: serde_json::Value| v["token"].as_str().expect("token").to_owned();
     let mut tokens = Vec::new();
     for u in ["ann", "p1", "p2", "p3"] {
@@ -92,7 +66,7 @@ async fn notifications_pending_at_a_kill_9_all_arrive_after_the_restart() {
     let tried_before = gw.attempts("ann-k").len();
     server.kill().await.expect("kill -9");
     gw.fail_next(0);
-    let _restarted = spawn_server(&db.url, port).await;
+    let _restarted = spawn_binary(&db.url, port, &NOTIFY_ENV, None).await;
     let until = Instant::now() + Duration::from_secs(20);
     let delivered = loop {
         let got: Vec<String> =
