@@ -1,16 +1,18 @@
 //! The commit stage: conversation actors hand their batches here, and each
 //! worker merges the batches waiting at the moment into one transaction
-//! (`Store::write_merged`), so many quiet conversations share one commit.
+//! (`Store::write_merged`), so many quiet conversations share one commit. A
+//! lone batch (none waiting, a round's slot free) is committed on its
+//! caller's task as the round of one a worker would make of it.
 //!
 //! Invariant: one conversation never delays or fails another's callers. A
 //! batch whose row is held elsewhere, or whose merged transaction failed
 //! before COMMIT, is committed alone (in a task of its own, at most `workers`
-//! at once); a worker that panics is replaced. Each conversation keeps its
-//! order (one batch in flight per actor) and its row lock stays the guard.
-//! Why, and what is never retried: ARCHITECTURE §3. The channel needs no
-//! bound of its own: it holds at most one batch per (bounded) live actor.
+//! at once); a worker that panics is replaced. At most `workers` rounds run
+//! at once. Each conversation keeps its order (one batch in flight per actor).
+//! Why, and what is never retried: ARCHITECTURE §3.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
@@ -28,7 +30,11 @@ struct Pending {
 
 #[derive(Clone)]
 pub struct CommitStage {
+    /// Needs no bound of its own: it holds at most one batch per (bounded) live actor.
     sender: mpsc::UnboundedSender<Pending>,
+    /// Batches sent to the workers and not yet taken by one.
+    waiting: Arc<AtomicUsize>,
+    rounds: Arc<Rounds>,
 }
 
 impl CommitStage {
@@ -38,18 +44,38 @@ impl CommitStage {
         let workers = workers.max(1);
         let (sender, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
+        let waiting = Arc::new(AtomicUsize::new(0));
         let alone = Alone { store: store.clone(), permits: Arc::new(Semaphore::new(workers)) };
+        let rounds = Arc::new(Rounds { store, alone, slots: Arc::new(Semaphore::new(workers)) });
         for _ in 0..workers {
-            let worker = Worker { store: store.clone(), receiver: receiver.clone(), alone: alone.clone(), max_ops };
+            let worker =
+                Worker { rounds: rounds.clone(), receiver: receiver.clone(), waiting: waiting.clone(), max_ops };
             tokio::spawn(supervise(worker));
         }
-        Self { sender }
+        Self { sender, waiting, rounds }
     }
 
     pub async fn commit(&self, job: BatchJob) -> Result<(WrittenBatch, ConvCache), StoreError> {
         let (reply, answer) = oneshot::channel();
-        // Workers run until every sender is gone, and this stage is one.
-        self.sender.send(Pending { job, reply }).map_err(|_| StoreError::Invariant("commit stage stopped"))?;
+        let pending = Pending { job, reply };
+        // Nothing to merge it with, and a worker would be free to take it
+        // alone: the round is committed here, without a hop to the worker's
+        // thread and back (a panic fails this task, which its actor reports).
+        let lone = match self.waiting.load(SeqCst) {
+            0 => self.rounds.slots.clone().try_acquire_owned().ok(),
+            _ => None,
+        };
+        match lone {
+            Some(_slot) => self.rounds.commit(vec![pending]).await,
+            None => {
+                self.waiting.fetch_add(1, SeqCst);
+                // Workers run until every sender is gone, and this stage is one.
+                if self.sender.send(pending).is_err() {
+                    self.waiting.fetch_sub(1, SeqCst);
+                    return Err(StoreError::Invariant("commit stage stopped"));
+                }
+            }
+        }
         answer.await.map_err(|_| StoreError::Invariant("commit stage dropped a batch"))?
     }
 }
@@ -67,9 +93,9 @@ async fn supervise(worker: Worker) {
 
 #[derive(Clone)]
 struct Worker {
-    store: Store,
+    rounds: Arc<Rounds>,
     receiver: Receiver,
-    alone: Alone,
+    waiting: Arc<AtomicUsize>,
     max_ops: usize,
 }
 
@@ -87,6 +113,7 @@ impl Worker {
                     ops += next.job.ops.len();
                     round.push(next);
                 }
+                self.waiting.fetch_sub(round.len(), SeqCst);
                 round
             };
             while !round.is_empty() {
@@ -96,16 +123,28 @@ impl Worker {
                 let (now, later): (Vec<Pending>, Vec<Pending>) =
                     round.into_iter().partition(|p| seen.insert(p.job.conv.clone()));
                 round = later;
-                self.commit_round(now).await;
+                // The semaphore is never closed.
+                let Ok(_slot) = self.rounds.slots.acquire().await else { return };
+                self.rounds.commit(now).await;
             }
         }
     }
+}
 
+/// What commits a round, on a worker or on a lone batch's caller's task.
+struct Rounds {
+    store: Store,
+    alone: Alone,
+    /// One per worker: held by every round while it commits.
+    slots: Arc<Semaphore>,
+}
+
+impl Rounds {
     /// Commits one merged transaction and answers each batch of it, or hands
     /// it on to be committed alone (module docs). A failure is not logged
     /// here: each batch's caller gets it and the edge logs it.
     #[tracing::instrument(name = "merged_commit", skip_all, fields(batches = round.len(), ops, alone))]
-    async fn commit_round(&self, round: Vec<Pending>) {
+    async fn commit(&self, round: Vec<Pending>) {
         let span = tracing::Span::current();
         span.record("ops", round.iter().map(|p| p.job.ops.len()).sum::<usize>());
         let (jobs, replies): (Vec<BatchJob>, Vec<Reply>) = round.into_iter().map(|p| (p.job, p.reply)).unzip();

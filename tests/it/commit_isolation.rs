@@ -210,6 +210,21 @@ async fn a_failing_batch_fails_only_its_own_callers() {
     assert!(check.resolve(observed.clone(), pass), "{observed:#}");
 }
 
+/// Holds, for `HOLD_SECS`, the transaction of any send to a `g-hold-*` group.
+const HOLD: &str = "
+CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.conv_id LIKE 'g-hold-%' THEN PERFORM pg_sleep(1); END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER hold BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION hold();";
+
+/// Backends of this database in `pg_sleep` now.
+async fn sleeping(observer: &tokio_postgres::Client) -> i64 {
+    let sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'";
+    observer.query_one(sql, &[]).await.expect("pg_stat_activity").get(0)
+}
+
 #[actix_web::test]
 async fn a_panicking_worker_is_replaced() {
     /// More than the commit stage's workers (2).
@@ -219,35 +234,123 @@ async fn a_panicking_worker_is_replaced() {
         "09-commit-worker-panic-replaced",
         "actor path, commit stage of 2 workers, 3 panics",
         "a conversation row that makes the worker committing it panic (a NULL where the code relies on NOT NULL) \
-         fails that round's callers with INTERNAL, 3 times over with 2 workers; afterwards the 100 other \
-         conversations' sends are all acked",
+         fails that round's callers with INTERNAL, 3 times over with 2 workers (each time both rounds' slots are \
+         held by sends that sleep in a trigger, so the broken send waits for a worker instead of committing on its \
+         caller's task); afterwards the 100 other conversations' sends are all acked",
     );
     let env = Env::new(Path::Actor).await;
-    let (free, broken) = groups(&env, &["g-broken"]).await;
-    env.db
-        .client()
-        .await
+    let (free, broken) = groups(&env, &["g-broken", "g-hold-1", "g-hold-2"]).await;
+    let observer = env.db.client().await;
+    observer
         .batch_execute(&format!(
             "ALTER TABLE conversations ALTER member_count DROP NOT NULL;
-             UPDATE conversations SET member_count = NULL WHERE conv_id = '{}'",
+             UPDATE conversations SET member_count = NULL WHERE conv_id = '{}'; {HOLD}",
             broken[0]
         ))
         .await
         .expect("break the row");
-    let mut panicked = vec![];
+    let (mut panicked, mut held_slots) = (vec![], vec![]);
     for n in 0..PANICS {
-        // One at a time and alone, so each is a round of its own.
         let key = format!("b-{n}");
-        panicked.push(send(&env, &broken[0], &key, &key).await);
+        let hold = join_all(broken[1..].iter().map(|c| send(&env, c, &key, &key)));
+        let after_hold = async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while sleeping(&observer).await < 2 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            held_slots.push(sleeping(&observer).await);
+            send(&env, &broken[0], &key, &key).await
+        };
+        let (_, result) = futures_util::join!(hold, after_hold);
+        panicked.push(result);
     }
     let internal = panicked.iter().filter(|r| matches!(r, Err(WriteFailure::Internal(_)))).count();
     let results = join_all(free.iter().map(|c| send(&env, c, "after", "after"))).await;
     let failed: Vec<String> = results.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:?}"))).collect();
-    let pass = internal == PANICS && failed.is_empty();
+    let pass = internal == PANICS && failed.is_empty() && held_slots.iter().all(|&n| n >= 2);
     let observed = json!({
         "broken_sends": panicked.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
+        "sleeping_holders_when_sent": held_slots,
         "after": {"acked": results.len() - failed.len(), "failed": failed.len(),
                   "first_failures": failed.iter().take(3).collect::<Vec<_>>()},
+    });
+    assert!(check.resolve(observed.clone(), pass), "{observed:#}");
+}
+
+/// Records each inserted event's transaction, and holds every INSERT
+/// statement on `events` for 0.2 s.
+const ROUND_PROBE: &str = "
+CREATE TABLE round_probe (tx xid8 NOT NULL, conv_id text NOT NULL);
+CREATE FUNCTION probe_round() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO round_probe VALUES (pg_current_xact_id(), NEW.conv_id);
+  RETURN NEW;
+END $$;
+CREATE FUNCTION slow_round() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$;
+CREATE TRIGGER probe_round AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION probe_round();
+CREATE TRIGGER slow_round AFTER INSERT ON events FOR EACH STATEMENT EXECUTE FUNCTION slow_round();";
+
+#[actix_web::test]
+async fn lone_and_merged_rounds_never_outnumber_the_workers() {
+    const WAVES: usize = 3;
+    let check = Check::start(
+        SUITE,
+        "09-rounds-within-workers",
+        "actor path, commit stage of 2 workers, 3 waves of 100 conversations queued at once, every transaction held \
+         0.2 s by a trigger",
+        "lone batches commit on their callers' tasks and the rest wait for the workers, yet at most 2 write \
+         transactions run at once (backends in the trigger's pg_sleep, polled every 10 ms), and the batches that \
+         waited still merge: fewer transactions than conversations; every send acked",
+    );
+    let env = Env::new(Path::Actor).await;
+    let (free, _) = groups(&env, &[]).await;
+    let observer = env.db.client().await;
+    observer.batch_execute(ROUND_PROBE).await.expect("install the probe");
+    let done = Cell::new(false);
+    let (mut acked, mut failed) = (0, vec![]);
+    let waves = async {
+        for wave in 0..WAVES {
+            let key = format!("r-{wave}");
+            let results = join_all(free.iter().map(|c| send(&env, c, &key, &key))).await;
+            for (conv, r) in free.iter().zip(results) {
+                match r {
+                    Ok(_) => acked += 1,
+                    Err(e) => failed.push(format!("{conv} {key}: {e:?}")),
+                }
+            }
+        }
+        done.set(true);
+    };
+    let most_at_once = async {
+        let mut most = 0;
+        while !done.get() {
+            most = most.max(sleeping(&observer).await);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        most
+    };
+    let ((), most_at_once) = futures_util::join!(waves, most_at_once);
+    let (transactions, largest): (i64, i64) = observer
+        .query_one(
+            "SELECT count(*), coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM round_probe GROUP BY tx) t",
+            &[],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .expect("read the probe");
+    let pass = failed.is_empty()
+        && acked == WAVES * FREE_CONVS
+        && most_at_once <= 2
+        && (transactions as usize) < WAVES * FREE_CONVS
+        && largest > 1;
+    let observed = json!({
+        "acked": acked,
+        "failed": failed.len(),
+        "first_failures": failed.iter().take(5).collect::<Vec<_>>(),
+        "most_transactions_at_once": most_at_once,
+        "transactions": transactions,
+        "most_conversations_in_one": largest,
     });
     assert!(check.resolve(observed.clone(), pass), "{observed:#}");
 }
