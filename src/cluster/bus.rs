@@ -149,7 +149,8 @@ impl Bus {
         writer: &Writer,
         homes: bool,
     ) -> Result<Arc<Bus>, BusError> {
-        let servers = crate::config::nats_servers(url).ok_or_else(|| BusError::Url(crate::config::nats_servers_redacted(url)))?;
+        let servers =
+            crate::config::nats_servers(url).ok_or_else(|| BusError::Url(crate::config::nats_servers_redacted(url)))?;
         let node = NodeId::random();
         let key = settings.cluster_key.as_deref().unwrap_or_default();
         let max_age = Duration::from_millis(settings.max_age_ms);

@@ -12,9 +12,9 @@ use imcore_actors::{ConvId, DeviceId, UserId};
 use tokio_postgres::types::{Json, Type};
 
 use super::error::decoded;
+use super::inbox::unread_count;
 use super::pushers::NotifyLevel;
 use super::sync::event_from_row;
-use super::inbox::unread_count;
 use super::{Store, StoreError, UNREAD_CAP};
 use crate::domain::Event;
 
