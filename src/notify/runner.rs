@@ -125,21 +125,25 @@ impl Runner {
         if !joined.is_empty() {
             self.store.add_push_targets(conv, &joined).await?;
         }
-        let senders: Vec<&str> = events.iter().filter_map(|e| sender_of(&e.kind)).collect();
-        let (Some(facts), names) = self.store.conv_facts(conv, &senders).await? else { return Ok(()) };
         let Some(delivery) = self.delivery.upgrade() else { return Ok(()) };
         let (lo, hi) = (events.first().map_or(0, |e| e.seq), events.last().map_or(0, |e| e.seq));
         let now = Instant::now();
         let mut after = String::new();
-        let mut targeted = false;
+        // Read once a page has someone due: most batches have no one, and cost one query.
+        let mut known = None;
         loop {
             let (rows, next) = self.store.due_page(conv, (lo, hi), &after, PAGE_USERS).await?;
-            targeted |= !rows.is_empty();
+            if known.is_none() && !rows.is_empty() {
+                let senders: Vec<&str> = events.iter().filter_map(|e| sender_of(&e.kind)).collect();
+                let (Some(facts), names) = self.store.conv_facts(conv, &senders).await? else { return Ok(()) };
+                known = Some((facts, names));
+            }
             for row in rows {
+                let Some((facts, names)) = &known else { break };
                 if delivery.device_connected(&row.user, &row.device) {
                     continue;
                 }
-                let level = level_of(&row, &facts, self.settings.all_max_members);
+                let level = level_of(&row, facts, self.settings.all_max_members);
                 let target = Target {
                     user: row.user.clone(),
                     device: row.device.clone(),
@@ -174,7 +178,7 @@ impl Runner {
         if !left.is_empty() {
             self.store.drop_push_targets(conv, &left).await?;
         }
-        if targeted {
+        if known.is_some() {
             self.dirty.insert(conv.clone());
         }
         Ok(())
