@@ -115,6 +115,10 @@ pub struct Config {
 
 const DEFAULT_DATA_DIR: &str = "./var";
 
+/// The `Retry-After` (seconds) of every HTTP `OVERLOADED` answer, the
+/// WebSocket upgrade's included (PROTOCOL §2).
+pub const OVERLOADED_RETRY_AFTER_SECS: u64 = 1;
+
 /// Bytes of event bodies in one `sync` page, unless configured otherwise.
 pub const SYNC_DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 

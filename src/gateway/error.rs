@@ -5,11 +5,12 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use actix_web::http::StatusCode;
+use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 use imcore_actors::InvalidId;
 use serde_json::json;
 
+use crate::config::OVERLOADED_RETRY_AFTER_SECS;
 use crate::domain::BodyError;
 use crate::metrics::metrics;
 use crate::protocol::{ErrorCode, WireError};
@@ -41,10 +42,11 @@ impl ApiError {
         Self::new(ErrorCode::Internal, "internal error; the request may or may not have taken effect")
     }
 
-    /// `OVERLOADED` when no database connection could be had (nothing was
-    /// sent: a failover, or the pool exhausted), `INTERNAL` otherwise.
+    /// `OVERLOADED` when the database was busy or went away
+    /// ([`StoreError::busy`]: a retry with the same key is safe and may well
+    /// succeed), `INTERNAL` otherwise.
     fn failed(e: &(dyn Error + 'static)) -> Self {
-        if store_error(e).is_some_and(StoreError::nothing_sent) {
+        if store_error(e).is_some_and(StoreError::busy) {
             return Self::new(ErrorCode::Overloaded, "the database is unavailable; retry with the same client_msg_id");
         }
         Self::internal()
@@ -151,6 +153,10 @@ impl ResponseError for ApiError {
         if matches!(self.0.code, ErrorCode::RequestTimeout | ErrorCode::TooManyConnections) {
             response.force_close();
         }
+        // A busy server says when to come back (the WebSocket upgrade included).
+        if self.0.code == ErrorCode::Overloaded {
+            response.insert_header((header::RETRY_AFTER, OVERLOADED_RETRY_AFTER_SECS.to_string()));
+        }
         response.json(json!({ "error": self.0 }))
     }
 }
@@ -176,8 +182,24 @@ mod tests {
         assert_eq!(ApiError::from(no_connection()).code(), ErrorCode::Overloaded);
         let merged = StoreError::Merged(Arc::new(no_connection()));
         assert_eq!(ApiError::from(WriteFailure::internal(merged)).code(), ErrorCode::Overloaded);
+        let response = ApiError::from(no_connection()).error_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("1"));
         let broken = StoreError::Merged(Arc::new(StoreError::Invariant("x")));
         assert_eq!(ApiError::from(WriteFailure::internal(broken)).code(), ErrorCode::Internal);
+    }
+
+    #[actix_web::test]
+    async fn a_transaction_cut_off_by_a_lost_connection_is_overloaded() {
+        // Nothing listens on port 1: the error of a connection that went away, no SQLSTATE.
+        let lost = tokio_postgres::connect("host=127.0.0.1 port=1 user=x connect_timeout=5", tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("nothing listens on port 1");
+        let cut = StoreError::Merged(Arc::new(StoreError::Db(lost)));
+        let answer = ApiError::from(WriteFailure::internal(cut));
+        assert_eq!(answer.code(), ErrorCode::Overloaded);
+        assert!(answer.0.message.contains("same client_msg_id"));
     }
 
     /// Like the actors' failed-batch error: the store's error shared behind an `Arc`.
