@@ -63,7 +63,7 @@ use super::publisher::{round_trip, Claim, Outbound, Publisher, Revoked, BATCHES,
 use super::routing::{settle, Settled};
 use super::seal::{Opened, Refused, Seal, MIN_KEY_BYTES};
 use crate::config::BusSettings;
-use crate::delivery::{Delivery, KickReason, Live, Peers, Push, REORDER_WAIT};
+use crate::delivery::{Delivery, KickReason, Live, Peers, REORDER_WAIT};
 use crate::metrics::metrics;
 use crate::store::{Appended, WriteOp};
 use crate::writer::Writer;
@@ -527,7 +527,7 @@ impl Inbound {
             Settled::Nothing => {}
             Settled::Superseded(route) => {
                 tracing::debug!(user = %claim.user, device = %claim.device, old = %route.conn_id, new = %claimed, "kicked by a newer connection on another node");
-                route.recipient.push.do_send(Push::Kick(KickReason::Replaced));
+                route.recipient.kick(KickReason::Replaced);
             }
             Settled::Newer(mine) => {
                 let answer = Claim { user: claim.user, device: claim.device, conn: mine.get() };

@@ -47,11 +47,11 @@ impl KickReason {
 }
 
 /// The heads of `pull`-mode conversations not yet written to a connection,
-/// shared by delivery and its session. A burst of batches queues one
+/// held in its [`Conn`] for delivery and the session. A burst of batches queues one
 /// [`Push::Head`] per conversation, and the session writes the last head
 /// when it gets to it: a connection behind on its queue is told once.
 #[derive(Debug, Default)]
-pub struct PendingHeads(Mutex<HashMap<ConvId, i64>>);
+struct PendingHeads(Mutex<HashMap<ConvId, i64>>);
 
 impl PendingHeads {
     /// Records `head`; `true` if no push for `conv` is queued (the caller queues one).
@@ -70,7 +70,7 @@ impl PendingHeads {
     }
 
     /// The head to write for `conv` now.
-    pub fn take(&self, conv: &ConvId) -> Option<i64> {
+    fn take(&self, conv: &ConvId) -> Option<i64> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(conv)
     }
 }
@@ -78,16 +78,20 @@ impl PendingHeads {
 /// Budget bytes of one queued `head` push (its frame is written later).
 const HEAD_FRAME_BYTES: usize = 96;
 
-/// A live connection as the route registry holds it.
+/// A live connection as the route registry, its session and graceful
+/// shutdown hold it: one allocation per connection, shared by all three.
 #[derive(Debug, Clone)]
-pub struct Conn {
+pub struct Conn(Arc<Link>);
+
+#[derive(Debug)]
+struct Link {
     /// Shared, not cloned per push: actix reports a full mailbox through
     /// `try_send` only to a sender that is already parked, and every clone of
     /// a `Recipient` starts unparked — the queue would never look full.
-    pub push: Arc<Recipient<Push>>,
-    overflow: Arc<Overflow>,
+    push: Recipient<Push>,
+    overflow: Overflow,
     budget: Arc<MemoryBudget>,
-    heads: Arc<PendingHeads>,
+    heads: PendingHeads,
 }
 
 /// What an overflow must undo without the session's help.
@@ -110,16 +114,15 @@ struct Overflow {
 
 impl Conn {
     /// The connection `conn_id` of `user`'s `device`, registered in `routes`;
-    /// its queued pushes are paid from `budget`; its session writes `heads`.
+    /// its queued pushes are paid from `budget`.
     pub fn new(
         push: Recipient<Push>,
         routes: &Arc<Routes>,
         budget: Arc<MemoryBudget>,
-        heads: Arc<PendingHeads>,
         (user, device, conn_id): (UserId, DeviceId, ConnId),
     ) -> Self {
         let overflow = Overflow { seen: AtomicBool::new(false), routes: Arc::downgrade(routes), user, device, conn_id };
-        Self { push: Arc::new(push), overflow: Arc::new(overflow), budget, heads }
+        Self(Arc::new(Link { push, overflow, budget, heads: PendingHeads::default() }))
     }
 
     /// Never waits. The frame's bytes are taken from the memory budget for
@@ -131,10 +134,10 @@ impl Conn {
     /// so the session closes with 1013 as soon as it runs again; the client
     /// reconnects and syncs (PROTOCOL §4).
     pub fn send(&self, frame: Arc<str>) {
-        if self.overflow.seen.load(Ordering::Relaxed) {
+        if self.0.overflow.seen.load(Ordering::Relaxed) {
             return;
         }
-        let Some(permit) = self.budget.try_acquire(frame.len()) else {
+        let Some(permit) = self.0.budget.try_acquire(frame.len()) else {
             return self.overflowed("over_budget");
         };
         self.queue(Push::Frame(frame, permit));
@@ -144,17 +147,28 @@ impl Conn {
     /// [`Push::Head`] unless one for `conv` is queued already, which then
     /// carries this head. Never waits; overflows like [`Conn::send`].
     pub fn send_head(&self, conv: &ConvId, head: i64) {
-        if self.overflow.seen.load(Ordering::Relaxed) || !self.heads.offer(conv, head) {
+        if self.0.overflow.seen.load(Ordering::Relaxed) || !self.0.heads.offer(conv, head) {
             return;
         }
-        let Some(permit) = self.budget.try_acquire(HEAD_FRAME_BYTES) else {
+        let Some(permit) = self.0.budget.try_acquire(HEAD_FRAME_BYTES) else {
             return self.overflowed("over_budget");
         };
         self.queue(Push::Head(conv.clone(), permit));
     }
 
+    /// The head to write for `conv` now (the session, on [`Push::Head`]).
+    pub fn take_head(&self, conv: &ConvId) -> Option<i64> {
+        self.0.heads.take(conv)
+    }
+
+    /// Closes the connection after telling it why: a control message, never
+    /// dropped for a full mailbox.
+    pub fn kick(&self, reason: KickReason) {
+        self.0.push.do_send(Push::Kick(reason));
+    }
+
     fn queue(&self, push: Push) {
-        match self.push.try_send(push) {
+        match self.0.push.try_send(push) {
             Ok(()) | Err(SendError::Closed(_)) => {}
             Err(SendError::Full(_)) => self.overflowed("overflowed"),
         }
@@ -168,14 +182,14 @@ impl Conn {
     }
 
     fn overflowed(&self, reason: &'static str) {
-        let o = &self.overflow;
+        let o = &self.0.overflow;
         if !o.seen.swap(true, Ordering::Relaxed) {
             metrics().kicks.with_label_values(&[reason]).inc();
             if let Some(routes) = o.routes.upgrade() {
                 routes.unregister(&o.user, &o.device, o.conn_id);
             }
             // One small message past the bound, once per connection.
-            self.push.do_send(Push::Overflowed);
+            self.0.push.do_send(Push::Overflowed);
         }
     }
 }
@@ -184,18 +198,18 @@ pub type Routes = RouteRegistry<Conn>;
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::{Arc, Mutex, OnceLock};
 
     use actix::{Actor, Context, Handler, Message};
     use imcore_actors::registry::{ConnId, RouteRegistry};
     use imcore_actors::{ConvId, DeviceId, UserId};
 
-    use super::{Conn, PendingHeads, Push};
+    use super::{Conn, Push};
     use crate::budget::MemoryBudget;
 
     /// Writes a `head` push as the session does: the newest pending head.
     struct Session {
-        heads: Arc<PendingHeads>,
+        conn: Arc<OnceLock<Conn>>,
         written: Arc<Mutex<Vec<(String, i64)>>>,
     }
 
@@ -207,7 +221,7 @@ mod tests {
         type Result = ();
         fn handle(&mut self, push: Push, _: &mut Context<Self>) {
             if let Push::Head(conv, _) = push {
-                if let Some(head) = self.heads.take(&conv) {
+                if let Some(head) = self.conn.get().and_then(|c| c.take_head(&conv)) {
                     self.written.lock().expect("written").push((conv.to_string(), head));
                 }
             }
@@ -226,15 +240,15 @@ mod tests {
 
     #[actix::test]
     async fn heads_queued_behind_a_busy_session_are_written_once_per_conversation_with_the_newest() {
-        let heads = Arc::new(PendingHeads::default());
-        let written = Arc::new(Mutex::new(vec![]));
+        let (slot, written) = (Arc::new(OnceLock::new()), Arc::new(Mutex::new(vec![])));
         // Started but not yet run: every push below waits in its mailbox, as
         // behind a session busy with other work.
-        let session = Session { heads: heads.clone(), written: written.clone() }.start();
+        let session = Session { conn: slot.clone(), written: written.clone() }.start();
         let routes = Arc::new(RouteRegistry::new());
         let ids =
             (UserId::parse("u").expect("id"), DeviceId::parse("d").expect("id"), ConnId::from_cluster_sequence(1));
-        let conn = Conn::new(session.clone().recipient(), &routes, MemoryBudget::new(1 << 20), heads, ids);
+        let conn = Conn::new(session.clone().recipient(), &routes, MemoryBudget::new(1 << 20), ids);
+        slot.set(conn.clone()).expect("set once");
         let (a, b) = (ConvId::parse("a").expect("id"), ConvId::parse("b").expect("id"));
         for (conv, head) in [(&a, 5), (&b, 3), (&a, 7), (&a, 6), (&b, 4)] {
             conn.send_head(conv, head);

@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use crate::config::DeliverySettings;
 use crate::metrics::metrics;
 use crate::store::{Appended, Membership};
-pub use conn::{Conn, KickReason, PendingHeads, Push, Routes};
+pub use conn::{Conn, KickReason, Push, Routes};
 pub use lane::Signal;
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
 pub use order::REORDER_WAIT;
@@ -273,8 +273,7 @@ impl Delivery {
     /// Kicks this node's connection of `user`'s `device`, if any, for a new token.
     pub fn kick_revoked(&self, user: &UserId, device: &DeviceId) {
         if let Some(route) = self.routes.route(user, device) {
-            // A control message: never dropped for a full mailbox.
-            route.recipient.push.do_send(Push::Kick(KickReason::TokenRevoked));
+            route.recipient.kick(KickReason::TokenRevoked);
         }
     }
 

@@ -51,7 +51,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use actix::Recipient;
 use actix_web::http::Method;
 use actix_web::{web, HttpRequest, HttpResponse};
 use dashmap::DashMap;
@@ -64,7 +63,7 @@ pub use error::ApiError;
 use crate::budget::MemoryBudget;
 use crate::cluster::{write_at_home, Bus};
 use crate::config::Config;
-use crate::delivery::{Delivery, Push};
+use crate::delivery::{Conn, Delivery};
 use crate::metrics::metrics;
 use crate::online::Online;
 use crate::store::{Store, WriteOp, Written};
@@ -83,7 +82,7 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Every open WebSocket session, routed or not: what graceful shutdown
     /// tells to leave. Inserted when a session starts, removed when it stops.
-    pub sessions: DashMap<ConnId, Recipient<Push>>,
+    pub sessions: DashMap<ConnId, Conn>,
     /// Bytes of bodies queued on the writer and of pushes queued for
     /// connections, all clients together (`limits.memory_budget_bytes`).
     pub budget: Arc<MemoryBudget>,
@@ -181,9 +180,9 @@ impl AppState {
     /// one to leave (`kicked: shutdown` once its in-flight requests are answered).
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-        let sessions: Vec<Recipient<Push>> = self.sessions.iter().map(|e| e.value().clone()).collect();
+        let sessions: Vec<Conn> = self.sessions.iter().map(|e| e.value().clone()).collect();
         for s in sessions {
-            s.do_send(Push::Kick(crate::delivery::KickReason::Shutdown));
+            s.kick(crate::delivery::KickReason::Shutdown);
         }
     }
 }

@@ -14,7 +14,6 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Instant;
 
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Handler, Message, StreamHandler, WrapFuture};
@@ -31,7 +30,7 @@ use super::ops::{self, Reply};
 use super::outbound::{Outbound, Written};
 use super::request::Request;
 use super::{auth, AppState};
-use crate::delivery::{Conn, KickReason, PendingHeads, Push};
+use crate::delivery::{Conn, KickReason, Push};
 use crate::metrics::metrics;
 use crate::protocol::{push_head, push_kicked, reply_frame, ErrorCode};
 use crate::store::TokenOwner;
@@ -71,7 +70,7 @@ pub async fn upgrade(
         closing: None,
         fragments: None,
         fault,
-        heads: Arc::default(),
+        conn: None,
         online: false,
         outbound: outbound.clone(),
         _user_slot: user_slot,
@@ -104,8 +103,9 @@ pub struct WsSession {
     /// Set by [`FrameLimit`] when it failed the byte stream: the error that
     /// follows says why (1009 for an oversized frame).
     fault: Rc<Cell<Option<StreamFault>>>,
-    /// `pull`-mode heads delivery queued for this connection (`Push::Head`).
-    heads: Arc<PendingHeads>,
+    /// This connection as delivery holds it, once started: where its
+    /// `pull`-mode heads wait for their `Push::Head`.
+    conn: Option<Conn>,
     /// Counted online (`AppState::online`): uncounted when it stops.
     online: bool,
     /// What this connection has not yet written to its socket.
@@ -119,25 +119,20 @@ impl Actor for WsSession {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.state.config.ws.mailbox);
-        let recipient = ctx.address().recipient::<Push>();
-        self.state.sessions.insert(self.conn_id, recipient.clone());
         let routes = self.state.delivery.routes();
-        match routes.register(
-            self.owner.user_id.clone(),
-            self.owner.device_id.clone(),
-            self.conn_id,
-            Conn::new(
-                recipient,
-                routes,
-                self.state.budget.clone(),
-                self.heads.clone(),
-                (self.owner.user_id.clone(), self.owner.device_id.clone(), self.conn_id),
-            ),
-        ) {
+        let conn = Conn::new(
+            ctx.address().recipient(),
+            routes,
+            self.state.budget.clone(),
+            (self.owner.user_id.clone(), self.owner.device_id.clone(), self.conn_id),
+        );
+        self.state.sessions.insert(self.conn_id, conn.clone());
+        self.conn = Some(conn.clone());
+        match routes.register(self.owner.user_id.clone(), self.owner.device_id.clone(), self.conn_id, conn) {
             Registered::New => self.state.delivery.claim(&self.owner.user_id, &self.owner.device_id, self.conn_id),
             Registered::Replaced(prev) => {
                 if prev.conn_id != self.conn_id {
-                    prev.recipient.push.do_send(Push::Kick(KickReason::Replaced));
+                    prev.recipient.kick(KickReason::Replaced);
                 }
                 self.state.delivery.claim(&self.owner.user_id, &self.owner.device_id, self.conn_id);
             }
@@ -437,7 +432,7 @@ impl Handler<Push> for WsSession {
             // Copied into the write buffer: the budget's bytes go back here.
             Push::Frame(frame, _permit) => ctx.text(&*frame),
             Push::Head(conv, _permit) => {
-                if let Some(head) = self.heads.take(&conv) {
+                if let Some(head) = self.conn.as_ref().and_then(|c| c.take_head(&conv)) {
                     ctx.text(push_head(conv.as_str(), head));
                 }
             }
