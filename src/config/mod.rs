@@ -110,6 +110,10 @@ pub struct Config {
 
 const DEFAULT_DATA_DIR: &str = "./var";
 
+/// The `Retry-After` (seconds) of every HTTP `OVERLOADED` answer, the
+/// WebSocket upgrade's included (PROTOCOL §2).
+pub const OVERLOADED_RETRY_AFTER_SECS: u64 = 1;
+
 /// Bytes of event bodies in one `sync` page, unless configured otherwise.
 pub const SYNC_DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 
@@ -167,6 +171,12 @@ pub struct StoreSettings {
     #[arg(long, env = "IMCORE_DB_CONNECT_TIMEOUT_MS", default_value_t = StoreSettings::default().connect_timeout_ms)]
     pub connect_timeout_ms: u64,
 
+    /// Bytes of recently committed events (and their conversations' member
+    /// periods) kept in memory to answer `sync` without PostgreSQL; one
+    /// conversation holds at most a quarter. 0 turns the tail cache off.
+    #[arg(long, env = "IMCORE_SYNC_TAIL_BYTES", default_value_t = StoreSettings::default().sync_tail_bytes)]
+    pub sync_tail_bytes: usize,
+
     #[command(flatten)]
     pub large_groups: LargeGroupSettings,
 }
@@ -184,6 +194,7 @@ impl Default for StoreSettings {
             pool_size: 16,
             pool_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
+            sync_tail_bytes: 64 * 1024 * 1024,
             large_groups: LargeGroupSettings::default(),
         }
     }

@@ -5,11 +5,12 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use actix_web::http::StatusCode;
+use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 use imcore_actors::InvalidId;
 use serde_json::json;
 
+use crate::config::OVERLOADED_RETRY_AFTER_SECS;
 use crate::domain::BodyError;
 use crate::metrics::metrics;
 use crate::protocol::{ErrorCode, WireError};
@@ -41,10 +42,11 @@ impl ApiError {
         Self::new(ErrorCode::Internal, "internal error; the request may or may not have taken effect")
     }
 
-    /// `OVERLOADED` when no database connection could be had (nothing was
-    /// sent: a failover, or the pool exhausted), `INTERNAL` otherwise.
+    /// `OVERLOADED` when the database was merely busy (no connection could be
+    /// had, or a timeout or conflict rolled the work back: nothing took
+    /// effect), `INTERNAL` otherwise.
     fn failed(e: &(dyn Error + 'static)) -> Self {
-        if store_error(e).is_some_and(StoreError::nothing_sent) {
+        if store_error(e).is_some_and(StoreError::busy) {
             return Self::new(ErrorCode::Overloaded, "the database is unavailable; retry with the same client_msg_id");
         }
         Self::internal()
@@ -151,6 +153,10 @@ impl ResponseError for ApiError {
         if matches!(self.0.code, ErrorCode::RequestTimeout | ErrorCode::TooManyConnections) {
             response.force_close();
         }
+        // A busy server says when to come back (the WebSocket upgrade included).
+        if self.0.code == ErrorCode::Overloaded {
+            response.insert_header((header::RETRY_AFTER, OVERLOADED_RETRY_AFTER_SECS.to_string()));
+        }
         response.json(json!({ "error": self.0 }))
     }
 }
@@ -176,6 +182,9 @@ mod tests {
         assert_eq!(ApiError::from(no_connection()).code(), ErrorCode::Overloaded);
         let merged = StoreError::Merged(Arc::new(no_connection()));
         assert_eq!(ApiError::from(WriteFailure::internal(merged)).code(), ErrorCode::Overloaded);
+        let response = ApiError::from(no_connection()).error_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("1"));
         let broken = StoreError::Merged(Arc::new(StoreError::Invariant("x")));
         assert_eq!(ApiError::from(WriteFailure::internal(broken)).code(), ErrorCode::Internal);
     }

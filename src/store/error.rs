@@ -90,6 +90,13 @@ impl StoreError {
         }
     }
 
+    /// The server was merely busy: no connection could be had, or a lock or
+    /// statement timeout, serialization failure or deadlock rolled the work
+    /// back. Nothing took effect, and the same request may well succeed later.
+    pub fn busy(&self) -> bool {
+        self.nothing_sent() || self.class() == Some(ErrorClass::Busy)
+    }
+
     /// The SQLSTATE of the database error behind this one, if any.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
