@@ -8,7 +8,8 @@
 //! reaction altered it) and a page that would show it reads PostgreSQL. A
 //! gap, a `group` event, an epoch bump or a purge drops the ring. Bounded in
 //! bytes (`IMCORE_SYNC_TAIL_BYTES`); a ring is made by the first `sync` that
-//! misses, loaded once (single flight) while later misses wait for it.
+//! misses, loaded once (single flight) while later misses wait for it; a
+//! `sync` whose load fails reads PostgreSQL, never loads again.
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -48,7 +49,7 @@ pub struct Tail {
 pub struct TailCounts {
     /// `sync`s answered from a ring.
     pub hits: AtomicU64,
-    /// Rings loaded from PostgreSQL.
+    /// Ring loads started (snapshot statements), whether they succeed or not.
     pub loads: AtomicU64,
     /// `sync`s that waited for a load another one started (coalesced).
     pub coalesced: AtomicU64,
@@ -57,6 +58,8 @@ pub struct TailCounts {
 enum Slot {
     /// A load is running; batches committed meanwhile wait here.
     Loading {
+        /// Which load: one that [`Tail::forget`] dropped must not fill a later one's slot.
+        load: u64,
         waiting: Vec<Vec<Event>>,
         done: watch::Sender<()>,
     },
@@ -98,19 +101,26 @@ SELECT c.next_seq - 1, c.min_seq, c.epoch, p.users, p.froms, p.tos
 impl Store {
     /// A page from the conversation's tail in memory when it lies inside it
     /// ([`Tail`](super::tail::Tail)), else from PostgreSQL.
+    ///
+    /// A request waits for or runs at most one load: a load that fails (no
+    /// such conversation, a database error, a batch the ring cannot follow)
+    /// leaves no ring, and the request then reads PostgreSQL instead of
+    /// loading again.
     pub async fn sync(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
-        loop {
-            match self.tail.lookup(req) {
-                Lookup::Page(page) => return page,
-                Lookup::Sql => return self.sync_sql(req).await,
-                // Err: the load ended and dropped the sender; either way, look again.
-                Lookup::Wait(mut done) => while done.changed().await.is_ok() {},
-                Lookup::Load => {
-                    let loading = Loading { tail: &self.tail, conv: &req.conv };
-                    let snapshot = self.tail_snapshot(&req.conv).await;
-                    loading.end(snapshot.ok().flatten());
-                }
+        match self.tail.lookup(req, true) {
+            Lookup::Page(page) => return page,
+            Lookup::Sql => return self.sync_sql(req).await,
+            // Err: the load ended and dropped the sender; either way, look again.
+            Lookup::Wait(mut done) => while done.changed().await.is_ok() {},
+            Lookup::Load(load) => {
+                let loading = Loading { tail: &self.tail, conv: &req.conv, load };
+                let snapshot = self.tail_snapshot(&req.conv).await;
+                loading.end(snapshot.ok().flatten());
             }
+        }
+        match self.tail.lookup(req, false) {
+            Lookup::Page(page) => page,
+            _ => self.sync_sql(req).await,
         }
     }
 
@@ -137,18 +147,19 @@ impl Store {
 struct Loading<'a> {
     tail: &'a Tail,
     conv: &'a ConvId,
+    load: u64,
 }
 
 impl Loading<'_> {
     fn end(self, snapshot: Option<Snapshot>) {
-        self.tail.loaded(self.conv, snapshot);
+        self.tail.loaded(self.conv, self.load, snapshot);
         std::mem::forget(self);
     }
 }
 
 impl Drop for Loading<'_> {
     fn drop(&mut self) {
-        self.tail.loaded(self.conv, None);
+        self.tail.loaded(self.conv, self.load, None);
     }
 }
 
@@ -157,8 +168,8 @@ pub(super) enum Lookup {
     Page(Result<SyncPage, StoreError>),
     /// Wait for the load in progress (the sender goes when it ends), then look again.
     Wait(watch::Receiver<()>),
-    /// The caller loads the ring ([`Tail::loaded`] after, whatever happened).
-    Load,
+    /// The caller runs this load of the ring ([`Tail::loaded`] after, whatever happened).
+    Load(u64),
     /// Read PostgreSQL.
     Sql,
 }
@@ -179,8 +190,9 @@ impl Tail {
         self.used.load(Ordering::Relaxed)
     }
 
-    /// Answers `req` from its conversation's ring if the page lies inside it.
-    pub(super) fn lookup(&self, req: &SyncRequest) -> Lookup {
+    /// Answers `req` from its conversation's ring if the page lies inside it;
+    /// without one, waits for or starts a load only if `may_load`.
+    pub(super) fn lookup(&self, req: &SyncRequest, may_load: bool) -> Lookup {
         if self.cap == 0 || req.before_seq.is_some() || self.off.load(Ordering::Relaxed) {
             return Lookup::Sql;
         }
@@ -193,19 +205,21 @@ impl Tail {
                     }
                     None => Lookup::Sql,
                 },
-                Slot::Loading { done, .. } => {
+                Slot::Loading { done, .. } if may_load => {
                     self.counts.coalesced.fetch_add(1, Ordering::Relaxed);
                     Lookup::Wait(done.subscribe())
                 }
+                Slot::Loading { .. } => Lookup::Sql,
             };
         }
-        if self.used() >= self.cap {
+        if !may_load || self.used() >= self.cap {
             return Lookup::Sql;
         }
         match self.rings.entry(req.conv.clone()) {
             Entry::Vacant(e) => {
-                e.insert(Slot::Loading { waiting: vec![], done: watch::channel(()).0 });
-                Lookup::Load
+                let load = self.counts.loads.fetch_add(1, Ordering::Relaxed);
+                e.insert(Slot::Loading { load, waiting: vec![], done: watch::channel(()).0 });
+                Lookup::Load(load)
             }
             Entry::Occupied(_) => Lookup::Sql,
         }
@@ -214,9 +228,12 @@ impl Tail {
     /// The load of `conv`'s ring ended with `snapshot` (`None`: it failed):
     /// the batches that waited are applied past the snapshot's head, and the
     /// `sync`s that waited wake (the slot's sender is dropped).
-    pub(super) fn loaded(&self, conv: &ConvId, snapshot: Option<Snapshot>) {
+    pub(super) fn loaded(&self, conv: &ConvId, load: u64, snapshot: Option<Snapshot>) {
         let Some(mut slot) = self.rings.get_mut(conv) else { return };
-        let Slot::Loading { waiting, .. } = &mut *slot else { return };
+        let Slot::Loading { load: running, waiting, .. } = &mut *slot else { return };
+        if *running != load {
+            return;
+        }
         let waiting = std::mem::take(waiting);
         let ring = snapshot.map(Ring::new).and_then(|mut ring| {
             let ok = waiting.iter().all(|events| ring.apply(events));
@@ -224,7 +241,6 @@ impl Tail {
         });
         match ring {
             Some(ring) => {
-                self.counts.loads.fetch_add(1, Ordering::Relaxed);
                 self.used.fetch_add(ring.bytes, Ordering::Relaxed);
                 *slot = Slot::Ready(ring);
                 drop(slot);
@@ -257,7 +273,8 @@ impl Tail {
     }
 
     /// `conv`'s stored log or epoch changed outside a batch (epoch bump,
-    /// retention purge): its ring goes.
+    /// retention purge): its ring goes, and so does a load in progress,
+    /// whose snapshot may predate the change.
     pub fn forget(&self, conv: &ConvId) {
         if let Some((_, Slot::Ready(ring))) = self.rings.remove(conv) {
             self.used.fetch_sub(ring.bytes, Ordering::Relaxed);

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::Ordering;
 
-use imcore::domain::{Emoji, LeaveReason, Role};
+use imcore::domain::{Emoji, EventKind, LeaveReason, Role};
 use imcore::protocol::sync_page;
 use imcore::store::{EditOp, JoinOp, LeaveOp, ReactOp, RecallOp, StoreError, SyncPage, SyncRequest, WriteOp};
 use imcore_actors::{ClientMsgId, ConvId, DeviceId};
@@ -133,5 +133,89 @@ async fn concurrent_misses_share_one_load(path: Path) {
     assert!(pass, "loads {loads}, coalesced {coalesced}, ok {ok}");
 }
 
-on_path!(actor, super::Path::Actor, [tail_pages_are_the_sql_pages, concurrent_misses_share_one_load]);
-on_path!(direct, super::Path::Direct, [tail_pages_are_the_sql_pages]);
+/// A `sync` whose ring cannot be loaded (a conversation that does not exist
+/// has no snapshot) tries the load once, then reads PostgreSQL; and under a
+/// steady writer a conversation's ring is loaded once, not again per commit.
+async fn ring_loads_are_bounded(path: Path) {
+    let env = Env::new(path).await;
+    env.users(&["u-ana", "u-ben"]).await;
+    let tail = env.store().tail().clone();
+    let loads = || tail.counts.loads.load(Ordering::Relaxed);
+    let before = loads();
+    let ghost = ConvId::parse("g-ghost").expect("conv");
+    let ghost_answers = tokio::time::timeout(LOAD_WAIT, async {
+        let mut answers = vec![];
+        for _ in 0..GHOST_SYNCS {
+            answers.push(env.sync(&ghost, "u-ana", 0).await);
+        }
+        answers
+    })
+    .await;
+    let ghost_loads = loads() - before;
+    let ghost_ok = ghost_answers.as_ref().is_ok_and(|answers| {
+        answers.iter().all(|a| matches!(a, Err(StoreError::Rejected(imcore::domain::Rejection::NotMember))))
+    });
+
+    let conv = env.group("g-steady", "u-ana", &["u-ben"]).await;
+    let before = loads();
+    let writer = async {
+        for i in 0..STEADY_SENDS {
+            env.send(&conv, "u-ana", &format!("s{i}"), text("steady")).await.expect("send");
+        }
+    };
+    // Two readers follow the log as a pull-mode device would, each until it has every send.
+    let reader = |user: &'static str| {
+        let env = &env;
+        let conv = &conv;
+        async move {
+            let (mut after, mut msgs, mut syncs) = (0, vec![], 0);
+            while msgs.len() < STEADY_SENDS {
+                let page = env.sync(conv, user, after).await.expect("sync");
+                syncs += 1;
+                msgs.extend(page.events.iter().filter(|e| matches!(e.kind, EventKind::Msg { .. })).map(|e| e.seq));
+                // Nothing new: wait a little, as a device waits for its next `head` push (a
+                // page from memory never yields, so a tight loop would starve the writer).
+                if page.events.is_empty() {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                after = page.next_after;
+            }
+            (msgs.windows(2).all(|w| w[0] < w[1]), syncs)
+        }
+    };
+    let done = tokio::time::timeout(LOAD_WAIT, async {
+        let ((), ana, ben) = tokio::join!(writer, reader("u-ana"), reader("u-ben"));
+        (ana, ben)
+    })
+    .await;
+    let steady_loads = loads() - before;
+    let readers_ok = done.as_ref().is_ok_and(|((ana, _), (ben, _))| *ana && *ben);
+    let syncs = done.as_ref().map_or(0, |((_, a), (_, b))| a + b);
+    let pass = ghost_ok && ghost_loads <= GHOST_SYNCS as u64 && readers_ok && steady_loads <= 2;
+    record(
+        SUITE,
+        "31-tail-loads-bounded",
+        path.name(),
+        "10 syncs of a conversation that does not exist each answer NOT_MEMBER after at most one ring load; two \
+         readers following a steady writer's 200 sends get every message in order while the ring is loaded at most twice",
+        json!({"ghost_answered": ghost_answers.is_ok(), "ghost_not_member": ghost_ok, "ghost_loads": ghost_loads,
+               "steady_sends": STEADY_SENDS, "reader_syncs": syncs, "readers_in_order": readers_ok,
+               "steady_loads": steady_loads}),
+        pass,
+    );
+    assert!(pass, "ghost {ghost_ok} ({ghost_loads} loads), readers {readers_ok}, steady loads {steady_loads}");
+}
+
+/// Syncs of a conversation that does not exist.
+const GHOST_SYNCS: usize = 10;
+/// Sends of the steady writer.
+const STEADY_SENDS: usize = 200;
+/// Generous bound on each half of [`ring_loads_are_bounded`] (a loaded machine).
+const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+on_path!(
+    actor,
+    super::Path::Actor,
+    [tail_pages_are_the_sql_pages, concurrent_misses_share_one_load, ring_loads_are_bounded]
+);
+on_path!(direct, super::Path::Direct, [tail_pages_are_the_sql_pages, ring_loads_are_bounded]);
