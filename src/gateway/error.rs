@@ -42,9 +42,9 @@ impl ApiError {
         Self::new(ErrorCode::Internal, "internal error; the request may or may not have taken effect")
     }
 
-    /// `OVERLOADED` when the database was merely busy (no connection could be
-    /// had, or a timeout or conflict rolled the work back: nothing took
-    /// effect), `INTERNAL` otherwise.
+    /// `OVERLOADED` when the database was busy or went away
+    /// ([`StoreError::busy`]: a retry with the same key is safe and may well
+    /// succeed), `INTERNAL` otherwise.
     fn failed(e: &(dyn Error + 'static)) -> Self {
         if store_error(e).is_some_and(StoreError::busy) {
             return Self::new(ErrorCode::Overloaded, "the database is unavailable; retry with the same client_msg_id");
@@ -187,6 +187,19 @@ mod tests {
         assert_eq!(response.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("1"));
         let broken = StoreError::Merged(Arc::new(StoreError::Invariant("x")));
         assert_eq!(ApiError::from(WriteFailure::internal(broken)).code(), ErrorCode::Internal);
+    }
+
+    #[actix_web::test]
+    async fn a_transaction_cut_off_by_a_lost_connection_is_overloaded() {
+        // Nothing listens on port 1: the error of a connection that went away, no SQLSTATE.
+        let lost = tokio_postgres::connect("host=127.0.0.1 port=1 user=x connect_timeout=5", tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("nothing listens on port 1");
+        let cut = StoreError::Merged(Arc::new(StoreError::Db(lost)));
+        let answer = ApiError::from(WriteFailure::internal(cut));
+        assert_eq!(answer.code(), ErrorCode::Overloaded);
+        assert!(answer.0.message.contains("same client_msg_id"));
     }
 
     /// Like the actors' failed-batch error: the store's error shared behind an `Arc`.

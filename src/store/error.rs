@@ -90,11 +90,13 @@ impl StoreError {
         }
     }
 
-    /// The server was merely busy: no connection could be had, or a lock or
-    /// statement timeout, serialization failure or deadlock rolled the work
-    /// back. Nothing took effect, and the same request may well succeed later.
+    /// The database was busy or went away, and the same request may well
+    /// succeed later: no connection could be had, a lock or statement
+    /// timeout, serialization failure or deadlock rolled the work back, or the
+    /// connection was lost mid-transaction (a failover; its COMMIT may have
+    /// landed, which a retry with the same key finds, P2).
     pub fn busy(&self) -> bool {
-        self.nothing_sent() || self.class() == Some(ErrorClass::Busy)
+        self.nothing_sent() || matches!(self.class(), Some(ErrorClass::Busy | ErrorClass::Unavailable))
     }
 
     /// The SQLSTATE of the database error behind this one, if any.
