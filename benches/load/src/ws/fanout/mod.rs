@@ -108,17 +108,37 @@ pub async fn run(nodes: &Nodes, pg: &Pg, db: &Store, devs: &mut Devices, p: &Par
     let mut sender = provision::connect_retry(nodes.port(0), provision::source_addr(0, 1), &devs.sender_token).await?;
     let measure = Arc::new(Measure::new(conv.clone(), m as i64, p.messages, m, p.mode == "pull"));
     devs.measure(Some(measure.clone()))?;
+    let xacts_before = xacts(db).await?;
     let cpu = CpuWindow::start(nodes, pg);
     let sent = drive(&mut sender, &measure, p).await;
     if let Ok(sent) = &sent {
         settle(&measure, m, sent.n).await;
     }
     let cpu = cpu.end(nodes, pg);
+    // An idle backend reports its statistics within PostgreSQL's idle interval (10 s).
+    tokio::time::sleep(STATS_FLUSH).await;
+    let xacts = xacts(db).await? - xacts_before;
     devs.measure(None)?;
     sender.close().await;
     let sent = sent?;
     let closed = devs.closed.load(Ordering::Relaxed);
-    report(nodes, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed }).await
+    report(nodes, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed, xacts }).await
+}
+
+/// How long PostgreSQL may take to count a backend's transactions once it is idle.
+const STATS_FLUSH: Duration = Duration::from_secs(11);
+
+/// Transactions of the benchmark database so far: each statement outside a
+/// transaction block (every `sync` read) counts as one.
+async fn xacts(db: &Store) -> Result<i64, BoxError> {
+    let conn = db.pool().get().await?;
+    let row = conn
+        .query_one(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
 }
 
 fn group_id(p: &Params<'_>, m: usize) -> String {
@@ -229,6 +249,9 @@ struct Outcome {
     cpu: Value,
     /// Device connections the server had closed by the end of the run.
     closed: u64,
+    /// PostgreSQL transactions of the run's database from the first send
+    /// until the devices settled (`pg_stat_database`; verification after).
+    xacts: i64,
 }
 
 /// Per message, the time until the `devices`-th device had it (messages
@@ -292,6 +315,8 @@ async fn report(
         "connect_s": (o.connect_s * 100.0).round() / 100.0,
         "cpu": o.cpu,
         "server_rss_mb": (nodes.rss_kib() as f64 / 1024.0).round(),
+        "pg_xacts": o.xacts,
+        "pg_xacts_per_delivery": (o.xacts as f64 / deliveries.max(1) as f64 * 10_000.0).round() / 10_000.0,
         "verified": verified,
         "verification": detail,
     });
@@ -317,12 +342,15 @@ async fn report(
     };
     eprintln!(
         "fanout {:<4} M={m:<6} {:.0} msg/s x {n}: last device {}  complete {complete}/{n}  devices {devices_complete}/{m}  \
-         anomalies {anomalies}  closed {}{pull_syncs}  {:.0} deliveries/s  cpu {}  verified {verified}",
+         anomalies {anomalies}  closed {}{pull_syncs}  {:.0} deliveries/s  pg xacts {} ({} per delivery)  cpu {}  \
+         verified {verified}",
         p.mode,
         p.rate,
         latency.text(),
         o.closed,
         run["deliveries_per_s"].as_f64().unwrap_or(0.0),
+        o.xacts,
+        run["pg_xacts_per_delivery"],
         run["cpu"],
     );
     Ok(run)
