@@ -2,7 +2,8 @@
 //! memory are the SQL path's, byte for byte on the wire, over a matrix of
 //! callers (members, a kicked and rejoined one, a former member, a stranger),
 //! recalled, edited and reacted messages, limits and byte budgets; a load
-//! of a conversation's ring is shared by the `sync`s that wait for it.
+//! of a conversation's ring is shared by the `sync`s that wait for it; pull
+//! devices that sync on every `head` get each message once, in order.
 //! Records go to evidence/im-05.
 
 use std::sync::atomic::Ordering;
@@ -15,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::env::{text, uid, Env, Path, PathName};
 use crate::evidence::record;
+use crate::server::{TestServer, Ws};
 
 const SUITE: &str = "im-05";
 
@@ -212,6 +214,121 @@ const GHOST_SYNCS: usize = 10;
 const STEADY_SENDS: usize = 200;
 /// Generous bound on each half of [`ring_loads_are_bounded`] (a loaded machine).
 const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Members of the pull group of [`pull_devices_get_every_message_once`], and the messages sent to it.
+const PULL_MEMBERS: usize = 80;
+const PULL_MESSAGES: usize = 50;
+/// Generous bound on the whole fan-out (a loaded machine).
+const FOLLOW_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// A pull-mode device: on every `head` push it syncs forward from where it
+/// is until it has that head (a refused sync is sent again shortly), and
+/// collects the seqs of the `msg` events it is given, as they come.
+async fn follow(mut ws: Ws, conv: &str) -> Vec<i64> {
+    let until = tokio::time::Instant::now() + FOLLOW_WAIT;
+    let (mut synced, mut head, mut msgs) = (0i64, 0i64, vec![]);
+    while msgs.len() < PULL_MESSAGES {
+        let Some(left) = until.checked_duration_since(tokio::time::Instant::now()) else { break };
+        let Some(push) = ws.push_within(left).await else { break };
+        if push["push"] != "head" || push["conv_id"] != conv {
+            continue;
+        }
+        head = head.max(push["head"].as_i64().unwrap_or(0));
+        while synced < head && tokio::time::Instant::now() < until {
+            let page = ws.request("sync", json!({"conv_id": conv, "after_seq": synced, "limit": 1000})).await;
+            if page["ok"] != true {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+            let events = page["events"].as_array().cloned().unwrap_or_default();
+            msgs.extend(events.iter().filter(|e| e["kind"] == "msg").filter_map(|e| e["seq"].as_i64()));
+            synced = page["next_after"].as_i64().unwrap_or(synced);
+        }
+    }
+    msgs
+}
+
+/// What one fan-out run saw: the acked seqs, and how many devices got
+/// exactly those, once each, in order.
+async fn fan_out(tail_bytes: usize) -> (Vec<i64>, usize, Vec<Value>, u64) {
+    let s = TestServer::with(|c| {
+        c.limits.create_per_minute = 0;
+        c.store.sync_tail_bytes = tail_bytes;
+    })
+    .await;
+    let owner = s.user("u-own").await;
+    let members: Vec<String> = (0..PULL_MEMBERS).map(|i| format!("u-pm-{i:03}")).collect();
+    let mut devices = vec![];
+    for m in &members {
+        let token = s.user(m).await;
+        devices.push(s.ws(&token).await);
+    }
+    let conv = "g-pull-tail";
+    let mut sender = s.ws(&owner).await;
+    let created = sender
+        .request(
+            "create_conversation",
+            json!({"kind": "group", "conv_id": conv, "name": conv, "members": members, "delivery_mode": "pull"}),
+        )
+        .await;
+    assert_eq!(created["ok"], true, "{created}");
+    let send = async {
+        let mut acked = vec![];
+        for n in 0..PULL_MESSAGES {
+            let frame =
+                json!({"conv_id": conv, "client_msg_id": format!("p{n}"), "body": {"type": "text", "text": "x"}});
+            loop {
+                let ack = sender.request("send", frame.clone()).await;
+                if let Some(seq) = ack["seq"].as_i64() {
+                    acked.push(seq);
+                    break;
+                }
+                assert_eq!(ack["error"]["code"], "OVERLOADED", "{ack}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            // Lets the devices' syncs (and the ring's load) interleave with the stream.
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        acked
+    };
+    let (acked, got) =
+        tokio::join!(send, futures_util::future::join_all(devices.into_iter().map(|ws| follow(ws, conv))));
+    let exact = got.iter().filter(|seqs| **seqs == acked).count();
+    let wrong: Vec<Value> = got
+        .iter()
+        .enumerate()
+        .filter(|(_, seqs)| **seqs != acked)
+        .take(3)
+        .map(|(i, seqs)| json!({"device": i, "seqs": seqs}))
+        .collect();
+    let hits = s.state.store.tail().counts.hits.load(Ordering::Relaxed);
+    (acked, exact, wrong, hits)
+}
+
+#[actix_web::test]
+async fn pull_devices_get_every_message_once() {
+    let (acked, exact, wrong, hits) = fan_out(imcore::config::StoreSettings::default().sync_tail_bytes).await;
+    let (acked_off, exact_off, wrong_off, hits_off) = fan_out(0).await;
+    let pass = acked.len() == PULL_MESSAGES
+        && exact == PULL_MEMBERS
+        && hits > 0
+        && acked_off.len() == PULL_MESSAGES
+        && exact_off == PULL_MEMBERS
+        && hits_off == 0;
+    record(
+        SUITE,
+        "31-tail-pull-fanout-exactly-once",
+        "ws",
+        "a pull group of 80 devices, each syncing on every `head` push while the owner sends 50 messages (the \
+         ring loaded mid-stream by the first sync): every device gets every acked message exactly once, in \
+         order, with the tail in memory (pages from the ring) as without it (IMCORE_SYNC_TAIL_BYTES=0)",
+        json!({"devices": PULL_MEMBERS, "messages": acked.len(), "exact_devices": exact, "tail_hits": hits,
+               "wrong": wrong, "tail_off": {"messages": acked_off.len(), "exact_devices": exact_off,
+               "tail_hits": hits_off, "wrong": wrong_off}}),
+        pass,
+    );
+    assert!(pass, "tail: {exact}/{PULL_MEMBERS} exact, {hits} hits, {wrong:?}; off: {exact_off}, {wrong_off:?}");
+}
 
 on_path!(
     actor,
