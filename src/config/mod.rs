@@ -177,6 +177,12 @@ pub struct StoreSettings {
     #[arg(long, env = "IMCORE_DB_CONNECT_TIMEOUT_MS", default_value_t = StoreSettings::default().connect_timeout_ms)]
     pub connect_timeout_ms: u64,
 
+    /// Bytes of recently committed events (and their conversations' member
+    /// periods) kept in memory to answer `sync` without PostgreSQL; one
+    /// conversation holds at most a quarter. 0 turns the tail cache off.
+    #[arg(long, env = "IMCORE_SYNC_TAIL_BYTES", default_value_t = StoreSettings::default().sync_tail_bytes)]
+    pub sync_tail_bytes: usize,
+
     #[command(flatten)]
     pub large_groups: LargeGroupSettings,
 }
@@ -194,6 +200,7 @@ impl Default for StoreSettings {
             pool_size: 16,
             pool_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
+            sync_tail_bytes: 64 * 1024 * 1024,
             large_groups: LargeGroupSettings::default(),
         }
     }

@@ -326,6 +326,7 @@ impl Store {
             )
             .await?
             .ok_or(Rejection::NotFound("conversation".into()))?;
+        self.tail.forget(conv);
         Ok(row.get(0))
     }
 }

@@ -29,7 +29,10 @@ mod retention;
 mod signals;
 mod since_token;
 mod sync;
+mod tail;
 mod write;
+
+use std::sync::Arc;
 
 use crate::config::{LargeGroupSettings, StoreSettings};
 
@@ -53,6 +56,7 @@ pub use pushers::{NewPusher, NotifyLevel};
 pub use read::{MarkedRead, MemberRead, ReadsPage};
 pub use retention::PurgeReport;
 pub use sync::{ReactionCount, SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
+pub use tail::{Tail, TailCounts};
 pub use write::{
     Appended, BanOp, BatchJob, ConvCache, EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch,
     ReactOp, RecallAck, RecallOp, Roster, SendAck, SendOp, WriteOp, WriteOutcome, Written, WrittenBatch,
@@ -74,6 +78,8 @@ pub struct Store {
     commit_stage: Option<CommitStage>,
     /// The sizes at which groups change how they deliver (ARCHITECTURE §9).
     large_groups: LargeGroupSettings,
+    /// Recent events of hot conversations, for `sync` (ARCHITECTURE §4).
+    tail: Arc<Tail>,
 }
 
 impl Store {
@@ -101,7 +107,12 @@ impl Store {
             // closed (`connection::Manager::is_valid`).
             .test_on_check_out(true);
         let pool = Pool::build(builder, config, settings.connect_timeout()).await?;
-        Ok(Self { pool, commit_stage: None, large_groups: settings.large_groups })
+        Ok(Self {
+            pool,
+            commit_stage: None,
+            large_groups: settings.large_groups,
+            tail: Arc::new(Tail::new(settings.sync_tail_bytes)),
+        })
     }
 
     /// Routes actor batches through a commit stage of `workers` merging
@@ -109,6 +120,11 @@ impl Store {
     pub fn with_commit_stage(mut self, workers: usize, max_ops: usize) -> Self {
         self.commit_stage = (workers > 0).then(|| CommitStage::start(self.clone(), workers, max_ops));
         self
+    }
+
+    /// The tail cache `sync` reads first; delivery fills it too.
+    pub fn tail(&self) -> &Arc<Tail> {
+        &self.tail
     }
 
     pub fn pool(&self) -> &Pool {

@@ -156,6 +156,8 @@ impl Store {
         if let Err(e) = &purged {
             c.note_failure(e);
         }
+        // `min_seq` moved (or may have, when COMMIT's answer was lost).
+        self.tail.forget(conv);
         purged
     }
     async fn expire_tombstones(&self, horizon_ms: i64) -> Result<u64, StoreError> {

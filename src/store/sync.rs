@@ -149,7 +149,9 @@ SELECT e.* FROM membership_periods p
 );
 
 impl Store {
-    pub async fn sync(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
+    /// The page from PostgreSQL whatever the tail holds (the reference the
+    /// tail's answers are tested against).
+    pub async fn sync_sql(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
         let conn = self.pool.get().await?;
         let (conv, user) = (req.conv.as_str(), req.user.as_str());
         // The header is read first: every event up to this head committed with
@@ -162,28 +164,12 @@ impl Store {
         if req.epoch.is_some_and(|e| e != epoch) {
             return Err(Rejection::EpochChanged { epoch, min_seq }.into());
         }
-        let limit = req.limit.clamp(1, SYNC_MAX_LIMIT);
-        let fetch = limit + 1;
-        let mut page = SyncPage {
-            events: vec![],
-            head,
-            min_seq,
-            epoch,
-            next_after: 0,
-            next_before: None,
-            has_more: false,
-            truncated: false,
-            reactions: HashMap::new(),
-        };
+        let fetch = req.limit.clamp(1, SYNC_MAX_LIMIT) + 1;
         // A page forward from `after_seq` or backward below `before_seq`: the
         // same parameters, and backward also takes `$6`, min_seq.
         let (sql, bound, n) = match req.before_seq {
             Some(before) => (SYNC_BACKWARD, before, 6),
-            None => {
-                let after = req.after_seq.unwrap_or(0).max(0);
-                page.truncated = after < min_seq - 1;
-                (SYNC_FORWARD, after.max(min_seq - 1), 5)
-            }
+            None => (SYNC_FORWARD, req.after_seq.unwrap_or(0).max(0).max(min_seq - 1), 5),
         };
         let params = [
             (&conv as &(dyn ToSql + Sync), Type::TEXT),
@@ -195,55 +181,96 @@ impl Store {
         ];
         let rows = conn.query_typed(sql, &params[..n]).await?;
         drop(conn);
+        let decoded = rows.iter().map(|r| {
+            let reactions = match r.get::<_, Option<&str>>(REACTIONS_AT) {
+                Some(json) => Some(serde_json::from_str(json).map_err(|_| StoreError::Undecodable("reactions"))?),
+                None => None,
+            };
+            Ok((event_from_row(&req.conv, r)?, reactions))
+        });
+        if req.before_seq.is_none() {
+            return forward_page(req, (head, min_seq, epoch), decoded);
+        }
         // Backward rows come newest first, so the budget keeps the events
         // nearest `before_seq`.
-        let (events, cut) = within_budget(&req.conv, rows.iter().take(limit as usize), req.max_bytes)?;
-        for r in rows.iter().take(events.len()) {
-            if let Some(json) = r.get::<_, Option<&str>>(REACTIONS_AT) {
-                let counts = serde_json::from_str(json).map_err(|_| StoreError::Undecodable("reactions"))?;
-                page.reactions.insert(r.get(0), counts);
-            }
-        }
-        page.has_more = cut || rows.len() as i64 > limit;
-        page.events = events;
-        if req.before_seq.is_some() {
-            page.events.reverse();
-            page.next_before = page.events.first().map(|e| e.seq);
-            page.next_after = page.events.last().map_or(bound.min(head + 1) - 1, |e| e.seq);
-        } else {
-            page.next_after = match page.events.last() {
-                Some(last) if page.has_more => last.seq,
-                // Nothing visible remains up to head: the scan covered it all.
-                _ => bound.max(head),
-            };
-        }
+        let mut page = empty_page(head, min_seq, epoch);
+        let limit = (fetch - 1) as usize;
+        let cut = fill_within_budget(&mut page, decoded.take(limit), req.max_bytes)?;
+        page.has_more = cut || rows.len() > limit;
+        page.events.reverse();
+        page.next_before = page.events.first().map(|e| e.seq);
+        page.next_after = page.events.last().map_or(bound.min(head + 1) - 1, |e| e.seq);
         Ok(page)
     }
 }
 
-/// Decodes `rows` in order until their bodies would exceed `max_bytes`; the
-/// first event with a body is always taken, so paging progresses. True when
-/// the budget cut the page short.
-fn within_budget<'a>(
-    conv: &ConvId,
-    rows: impl Iterator<Item = &'a Row>,
+/// An event of a page with the reactions of its message, if it has any.
+pub(super) type PageEvent = (Event, Option<Vec<ReactionCount>>);
+
+/// A forward page of `events` (the visible ones from the bound on, ascending,
+/// at most `limit + 1`), both paths' one paging rule: `(head, min_seq, epoch)`
+/// as the header read them.
+pub(super) fn forward_page(
+    req: &SyncRequest,
+    (head, min_seq, epoch): (i64, i64, i32),
+    events: impl ExactSizeIterator<Item = Result<PageEvent, StoreError>>,
+) -> Result<SyncPage, StoreError> {
+    let after = req.after_seq.unwrap_or(0).max(0);
+    let bound = after.max(min_seq - 1);
+    let limit = req.limit.clamp(1, SYNC_MAX_LIMIT) as usize;
+    let mut page = empty_page(head, min_seq, epoch);
+    page.truncated = after < min_seq - 1;
+    let fetched = events.len();
+    let cut = fill_within_budget(&mut page, events.take(limit), req.max_bytes)?;
+    page.has_more = cut || fetched > limit;
+    page.next_after = match page.events.last() {
+        Some(last) if page.has_more => last.seq,
+        // Nothing visible remains up to head: the scan covered it all.
+        _ => bound.max(head),
+    };
+    Ok(page)
+}
+
+fn empty_page(head: i64, min_seq: i64, epoch: i32) -> SyncPage {
+    SyncPage {
+        events: vec![],
+        head,
+        min_seq,
+        epoch,
+        next_after: 0,
+        next_before: None,
+        has_more: false,
+        truncated: false,
+        reactions: HashMap::new(),
+    }
+}
+
+/// Takes `events` in order into `page` until their bodies would exceed
+/// `max_bytes`; the first event with a body is always taken, so paging
+/// progresses. True when the budget cut the page short.
+fn fill_within_budget(
+    page: &mut SyncPage,
+    events: impl Iterator<Item = Result<PageEvent, StoreError>>,
     max_bytes: usize,
-) -> Result<(Vec<Event>, bool), StoreError> {
-    let (mut events, mut used) = (vec![], 0usize);
-    for r in rows {
-        let event = event_from_row(conv, r)?;
+) -> Result<bool, StoreError> {
+    let mut used = 0usize;
+    for e in events {
+        let (event, reactions) = e?;
         let size = body_bytes(&event);
         if used > 0 && used.saturating_add(size) > max_bytes {
-            return Ok((events, true));
+            return Ok(true);
         }
         used = used.saturating_add(size);
-        events.push(event);
+        if let Some(reactions) = reactions {
+            page.reactions.insert(event.seq, reactions);
+        }
+        page.events.push(event);
     }
-    Ok((events, false))
+    Ok(false)
 }
 
 /// The bytes an event carries beyond its fixed fields.
-fn body_bytes(event: &Event) -> usize {
+pub(super) fn body_bytes(event: &Event) -> usize {
     match &event.kind {
         EventKind::Msg { body, .. } | EventKind::Edit { body, .. } => body.as_ref().map_or(0, String::len),
         EventKind::Group { change, .. } => change.len(),

@@ -112,6 +112,9 @@ impl Env {
     /// own on this database, as a second node would have); its conversation
     /// actors commit at most `max_batch` ops a transaction.
     pub fn another_node(&self, store: Store, max_batch: usize) -> Writer {
+        // No bus joins these nodes: neither tail would see the other's commits.
+        self.store().tail().disable();
+        store.tail().disable();
         let write = WriteSettings { arbiters: 2, max_batch, ..WriteSettings::on(self.writer.path()) };
         Engine::start(store, &EngineSettings { write, ..EngineSettings::default() }).writer
     }

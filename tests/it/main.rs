@@ -45,4 +45,5 @@ mod since;
 mod startup;
 mod store_rules;
 mod sync_points;
+mod sync_tail;
 mod web;

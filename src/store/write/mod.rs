@@ -171,7 +171,9 @@ impl Store {
         cache: ConvCache,
         ops: Vec<WriteOp>,
     ) -> Result<(WrittenBatch, ConvCache), StoreError> {
-        self.write_job(BatchJob { conv: conv.clone(), cache, ops }).await
+        let written = self.write_job(BatchJob { conv: conv.clone(), cache, ops }).await?;
+        self.tail.committed(&written.0.appended);
+        Ok(written)
     }
 
     /// Commits one conversation's batch in a transaction of its own, which

@@ -148,12 +148,14 @@ pub async fn device(mut ws: Ws, index: usize, current: Current, closed: Arc<Atom
         let events = f.event.into_iter().chain(f.events.unwrap_or_default());
         if f.id.is_some() {
             // A sync answer.
-            r.syncing = false;
             if f.ok == Some(false) {
+                // Still syncing until the retry: a `head` push meanwhile must not
+                // send a second sync from the same `after_seq` (its page would repeat).
                 m.syncs_refused.fetch_add(1, Ordering::Relaxed);
                 retry_at = Some(Instant::now() + SYNC_RETRY);
                 continue;
             }
+            r.syncing = false;
             for n in events.filter_map(|e| e.body.and_then(|b| b.n)) {
                 m.arrived(index, &mut r.next, n, now);
             }

@@ -10,7 +10,7 @@
 
 mod device;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -182,50 +182,84 @@ struct AckIn {
     id: Option<u64>,
     ok: Option<bool>,
     seq: Option<i64>,
+    error: Option<ErrorIn>,
+}
+
+#[derive(Deserialize)]
+struct ErrorIn {
+    code: String,
 }
 
 /// What the sender did: `n` messages sent, the acks `(seq, client_msg_id)`
-/// and their latency, the rejected or unanswered ones.
+/// and their latency, the rejected or unanswered ones, and the refusals
+/// (`OVERLOADED`) it sent again with the same key, by message.
 struct Sent {
     n: usize,
     acks: Vec<(i64, String)>,
     ack_ms: Vec<f64>,
     errors: u64,
+    /// Every error answer, `(message, code)`, retried or not.
+    refusals: Vec<(usize, String)>,
 }
 
-/// Sends `p.messages` at `p.rate`, collecting the acks (10 s grace for the last).
+/// How long the sender waits before sending a refused message again
+/// (PROTOCOL: `Retry-After: 1`, and the same key makes the retry safe).
+const SEND_RETRY: Duration = Duration::from_secs(1);
+
+/// Sends `p.messages` at `p.rate`, collecting the acks (10 s grace for the
+/// last); a message refused with `OVERLOADED` is sent again with the same
+/// key after [`SEND_RETRY`], as a client does.
 async fn drive(sender: &mut Ws, measure: &Measure, p: &Params<'_>) -> Result<Sent, BoxError> {
     let started = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / p.rate.max(0.001));
-    let mut sent = Sent { n: 0, acks: vec![], ack_ms: vec![], errors: 0 };
+    let mut sent = Sent { n: 0, acks: vec![], ack_ms: vec![], errors: 0, refusals: vec![] };
     let mut pending: HashMap<u64, String> = HashMap::new();
+    // Refused messages to send again: `(when, n)`, in order of when.
+    let mut retries: VecDeque<(Instant, usize)> = VecDeque::new();
     let mut next = started;
     let deadline = started + interval.mul_f64(p.messages as f64) + Duration::from_secs(10);
+    let frame = |n: usize| {
+        let ts = measure.sent_us[n].load(Ordering::Relaxed);
+        json!({"id": n + 1, "op": "send", "conv_id": measure.conv, "client_msg_id": format!("f{n}"),
+               "body": {"type": "text", "text": format!("fan-out message {n}"), "ts": ts, "n": n}})
+    };
     while (sent.n < p.messages || !pending.is_empty()) && Instant::now() < deadline {
+        let retry_at = retries.front().map(|r| r.0);
         tokio::select! {
             biased;
             frame = sender.next_text() => {
                 let frame = frame.map_err(|e| format!("the sender's connection: {e}"))?;
                 let Ok(r) = serde_json::from_str::<AckIn>(&frame) else { continue };
-                let Some((id, key)) = r.id.and_then(|id| Some((id, pending.remove(&id)?))) else { continue };
-                match r.seq {
-                    Some(seq) if r.ok == Some(true) => {
-                        let at = measure.sent_us.get(id as usize - 1).map_or(0, |t| t.load(Ordering::Relaxed));
+                let Some(id) = r.id.filter(|id| pending.contains_key(id)) else { continue };
+                let n = id as usize - 1;
+                match (r.seq, r.error) {
+                    (Some(seq), _) if r.ok == Some(true) => {
+                        let key = pending.remove(&id).unwrap_or_default();
+                        let at = measure.sent_us.get(n).map_or(0, |t| t.load(Ordering::Relaxed));
                         sent.ack_ms.push(now_us().saturating_sub(at) as f64 / 1000.0);
                         sent.acks.push((seq, key));
                     }
-                    _ => sent.errors += 1,
+                    (_, Some(e)) if e.code == "OVERLOADED" => {
+                        sent.refusals.push((n, e.code));
+                        retries.push_back((Instant::now() + SEND_RETRY, n));
+                    }
+                    (_, e) => {
+                        pending.remove(&id);
+                        sent.refusals.push((n, e.map_or_else(|| "no seq".into(), |e| e.code)));
+                        sent.errors += 1;
+                    }
+                }
+            },
+            () = tokio::time::sleep_until(retry_at.unwrap_or(deadline).into()), if retry_at.is_some() => {
+                if let Some((_, n)) = retries.pop_front() {
+                    sender.send_text(frame(n).to_string()).await?;
                 }
             },
             () = tokio::time::sleep_until(next.into()), if sent.n < p.messages => {
                 let n = sent.n;
-                let key = format!("f{n}");
-                let ts = now_us();
-                measure.sent_us[n].store(ts, Ordering::Relaxed);
-                let frame = json!({"id": n + 1, "op": "send", "conv_id": measure.conv, "client_msg_id": key,
-                                   "body": {"type": "text", "text": format!("fan-out message {n}"), "ts": ts, "n": n}});
-                sender.send_text(frame.to_string()).await?;
-                pending.insert(n as u64 + 1, key);
+                measure.sent_us[n].store(now_us(), Ordering::Relaxed);
+                sender.send_text(frame(n).to_string()).await?;
+                pending.insert(n as u64 + 1, format!("f{n}"));
                 sent.n += 1;
                 next += interval;
             }
@@ -302,6 +336,7 @@ async fn report(
         "messages": n,
         "acked": o.sent.acks.len(),
         "send_errors": o.sent.errors,
+        "send_refusals": o.sent.refusals.iter().map(|(n, code)| json!({"message": n, "code": code})).collect::<Vec<_>>(),
         "complete_messages": complete,
         // Devices that got every message once and in order; arrivals that
         // were not a device's next message; devices the server disconnected.

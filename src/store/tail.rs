@@ -1,0 +1,416 @@
+//! The tail cache (ARCHITECTURE §4, "The tail in memory"): per conversation,
+//! the events committed since a snapshot of its members' periods, so that a
+//! forward `sync` inside that tail is answered without PostgreSQL, with the
+//! same visibility, budget and paging as the SQL path.
+//!
+//! Invariant: a ring holds every event from `base + 1` to `head`, each in its
+//! stored form, or the seq is marked `changed` (a later recall, edit or
+//! reaction altered it) and a page that would show it reads PostgreSQL. A
+//! gap, a `group` event, an epoch bump or a purge drops the ring. Bounded in
+//! bytes (`IMCORE_SYNC_TAIL_BYTES`); a ring is made by the first `sync` that
+//! misses, loaded once (single flight) while later misses wait for it; a
+//! `sync` whose load fails reads PostgreSQL, never loads again.
+
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use imcore_actors::{ConvId, UserId};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use tokio::sync::watch;
+
+use tokio_postgres::types::Type;
+
+use super::error::decoded;
+use super::sync::{forward_page, SyncPage, SyncRequest};
+use super::write::Appended;
+use super::{Store, StoreError};
+use crate::domain::{Event, EventKind, Rejection};
+
+/// A member's periods, `(from_seq, to_seq)` by ascending `from_seq`; an open one last.
+type Periods = Vec<(i64, Option<i64>)>;
+
+/// Bytes a member's entry costs besides its id (map slot, vector, one period).
+const PERIODS_OVERHEAD: usize = 96;
+/// Bytes an event costs besides its body.
+const EVENT_OVERHEAD: usize = 160;
+
+pub struct Tail {
+    rings: DashMap<ConvId, Slot>,
+    /// Most bytes all rings together may hold; 0 turns the cache off.
+    cap: usize,
+    /// Set once this node joined a cluster (see [`Tail::disable`]).
+    off: AtomicBool,
+    used: AtomicUsize,
+    pub counts: TailCounts,
+}
+
+/// What the cache did, for metrics and tests.
+#[derive(Default)]
+pub struct TailCounts {
+    /// `sync`s answered from a ring.
+    pub hits: AtomicU64,
+    /// Ring loads started (snapshot statements), whether they succeed or not.
+    pub loads: AtomicU64,
+    /// `sync`s that waited for a load another one started (coalesced).
+    pub coalesced: AtomicU64,
+}
+
+enum Slot {
+    /// A load is running; batches committed meanwhile wait here.
+    Loading {
+        /// Which load: one that [`Tail::forget`] dropped must not fill a later one's slot.
+        load: u64,
+        waiting: Vec<Vec<Event>>,
+        done: watch::Sender<()>,
+    },
+    Ready(Ring),
+}
+
+/// What the loading `sync` read, in one statement (one snapshot).
+pub(super) struct Snapshot {
+    pub head: i64,
+    pub min_seq: i64,
+    pub epoch: i32,
+    pub periods: HashMap<UserId, Periods>,
+}
+
+struct Ring {
+    base: i64,
+    head: i64,
+    min_seq: i64,
+    epoch: i32,
+    /// Seqs `base + 1 ..= head`.
+    events: VecDeque<Event>,
+    changed: HashSet<i64>,
+    periods: HashMap<UserId, Periods>,
+    bytes: usize,
+}
+
+/// The snapshot a tail ring starts from (one statement): the head, `min_seq`,
+/// epoch and every member's periods, by user and `from_seq`.
+const TAIL_SNAPSHOT: &str = "
+SELECT c.next_seq - 1, c.min_seq, c.epoch, p.users, p.froms, p.tos
+  FROM conversations c
+ CROSS JOIN LATERAL (
+   SELECT array_agg(p.user_id ORDER BY p.user_id, p.from_seq) AS users,
+          array_agg(p.from_seq ORDER BY p.user_id, p.from_seq) AS froms,
+          array_agg(p.to_seq ORDER BY p.user_id, p.from_seq) AS tos
+     FROM membership_periods p WHERE p.conv_id = c.conv_id) p
+ WHERE c.conv_id = $1";
+
+impl Store {
+    /// A page from the conversation's tail in memory when it lies inside it
+    /// ([`Tail`](super::tail::Tail)), else from PostgreSQL.
+    ///
+    /// A request waits for or runs at most one load: a load that fails (no
+    /// such conversation, a database error, a batch the ring cannot follow)
+    /// leaves no ring, and the request then reads PostgreSQL instead of
+    /// loading again.
+    pub async fn sync(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
+        match self.tail.lookup(req, true) {
+            Lookup::Page(page) => return page,
+            Lookup::Sql => return self.sync_sql(req).await,
+            // Err: the load ended and dropped the sender; either way, look again.
+            Lookup::Wait(mut done) => while done.changed().await.is_ok() {},
+            Lookup::Load(load) => {
+                let loading = Loading { tail: &self.tail, conv: &req.conv, load };
+                let snapshot = self.tail_snapshot(&req.conv).await;
+                loading.end(snapshot.ok().flatten());
+            }
+        }
+        match self.tail.lookup(req, false) {
+            Lookup::Page(page) => page,
+            _ => self.sync_sql(req).await,
+        }
+    }
+
+    async fn tail_snapshot(&self, conv: &ConvId) -> Result<Option<Snapshot>, StoreError> {
+        let conn = self.pool.get().await?;
+        let Some(row) = conn.query_typed_opt(TAIL_SNAPSHOT, &[(&conv.as_str(), Type::TEXT)]).await? else {
+            return Ok(None);
+        };
+        drop(conn);
+        let users: Vec<&str> = row.get::<_, Option<_>>(3).unwrap_or_default();
+        let froms: Vec<i64> = row.get::<_, Option<_>>(4).unwrap_or_default();
+        let tos: Vec<Option<i64>> = row.get::<_, Option<_>>(5).unwrap_or_default();
+        let mut periods: HashMap<UserId, Vec<(i64, Option<i64>)>> = HashMap::new();
+        for ((user, from), to) in users.into_iter().zip(froms).zip(tos) {
+            let user = decoded(UserId::parse(user), "member user_id")?;
+            periods.entry(user).or_default().push((from, to));
+        }
+        Ok(Some(Snapshot { head: row.get(0), min_seq: row.get(1), epoch: row.get(2), periods }))
+    }
+}
+
+/// A ring load in progress; dropped unfinished (the request was cancelled),
+/// it ends the load as failed so that nobody waits for it forever.
+struct Loading<'a> {
+    tail: &'a Tail,
+    conv: &'a ConvId,
+    load: u64,
+}
+
+impl Loading<'_> {
+    fn end(self, snapshot: Option<Snapshot>) {
+        self.tail.loaded(self.conv, self.load, snapshot);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        self.tail.loaded(self.conv, self.load, None);
+    }
+}
+
+/// What [`Tail::lookup`] found.
+pub(super) enum Lookup {
+    Page(Result<SyncPage, StoreError>),
+    /// Wait for the load in progress (the sender goes when it ends), then look again.
+    Wait(watch::Receiver<()>),
+    /// The caller runs this load of the ring ([`Tail::loaded`] after, whatever happened).
+    Load(u64),
+    /// Read PostgreSQL.
+    Sql,
+}
+
+impl Tail {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            rings: DashMap::new(),
+            cap,
+            off: AtomicBool::new(false),
+            used: AtomicUsize::new(0),
+            counts: TailCounts::default(),
+        }
+    }
+
+    /// Bytes all rings hold now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Answers `req` from its conversation's ring if the page lies inside it;
+    /// without one, waits for or starts a load only if `may_load`.
+    pub(super) fn lookup(&self, req: &SyncRequest, may_load: bool) -> Lookup {
+        if self.cap == 0 || req.before_seq.is_some() || self.off.load(Ordering::Relaxed) {
+            return Lookup::Sql;
+        }
+        if let Some(slot) = self.rings.get(&req.conv) {
+            return match &*slot {
+                Slot::Ready(ring) => match ring.page(req) {
+                    Some(page) => {
+                        self.counts.hits.fetch_add(1, Ordering::Relaxed);
+                        Lookup::Page(page)
+                    }
+                    None => Lookup::Sql,
+                },
+                Slot::Loading { done, .. } if may_load => {
+                    self.counts.coalesced.fetch_add(1, Ordering::Relaxed);
+                    Lookup::Wait(done.subscribe())
+                }
+                Slot::Loading { .. } => Lookup::Sql,
+            };
+        }
+        if !may_load || self.used() >= self.cap {
+            return Lookup::Sql;
+        }
+        match self.rings.entry(req.conv.clone()) {
+            Entry::Vacant(e) => {
+                let load = self.counts.loads.fetch_add(1, Ordering::Relaxed);
+                e.insert(Slot::Loading { load, waiting: vec![], done: watch::channel(()).0 });
+                Lookup::Load(load)
+            }
+            Entry::Occupied(_) => Lookup::Sql,
+        }
+    }
+
+    /// The load of `conv`'s ring ended with `snapshot` (`None`: it failed):
+    /// the batches that waited are applied past the snapshot's head, and the
+    /// `sync`s that waited wake (the slot's sender is dropped).
+    pub(super) fn loaded(&self, conv: &ConvId, load: u64, snapshot: Option<Snapshot>) {
+        let Some(mut slot) = self.rings.get_mut(conv) else { return };
+        let Slot::Loading { load: running, waiting, .. } = &mut *slot else { return };
+        if *running != load {
+            return;
+        }
+        let waiting = std::mem::take(waiting);
+        let ring = snapshot.map(Ring::new).and_then(|mut ring| {
+            let ok = waiting.iter().all(|events| ring.apply(events));
+            ok.then_some(ring)
+        });
+        match ring {
+            Some(ring) => {
+                self.used.fetch_add(ring.bytes, Ordering::Relaxed);
+                *slot = Slot::Ready(ring);
+                drop(slot);
+            }
+            None => {
+                drop(slot);
+                self.rings.remove(conv);
+            }
+        }
+    }
+
+    /// A batch committed (or handed to delivery; a batch seen twice is
+    /// ignored): appended to its ring, if any.
+    pub fn committed(&self, appended: &Appended) {
+        let Some(mut slot) = self.rings.get_mut(&appended.conv_id) else { return };
+        match &mut *slot {
+            Slot::Loading { waiting, .. } => waiting.push(appended.events.clone()),
+            Slot::Ready(ring) => {
+                let before = ring.bytes;
+                let kept = ring.apply(&appended.events);
+                let after = if kept { ring.evict(self.ring_cap()) } else { 0 };
+                self.used.fetch_add(after, Ordering::Relaxed);
+                self.used.fetch_sub(before, Ordering::Relaxed);
+                if !kept {
+                    drop(slot);
+                    self.rings.remove(&appended.conv_id);
+                }
+            }
+        }
+    }
+
+    /// `conv`'s stored log or epoch changed outside a batch (epoch bump,
+    /// retention purge): its ring goes, and so does a load in progress,
+    /// whose snapshot may predate the change.
+    pub fn forget(&self, conv: &ConvId) {
+        if let Some((_, Slot::Ready(ring))) = self.rings.remove(conv) {
+            self.used.fetch_sub(ring.bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// From now on every `sync` reads PostgreSQL: with several nodes, an epoch
+    /// bump or a purge on another would not reach this node's rings.
+    pub fn disable(&self) {
+        self.off.store(true, Ordering::Relaxed);
+        self.rings.clear();
+        self.used.store(0, Ordering::Relaxed);
+    }
+
+    /// One ring may hold a quarter of the cap, so several hot conversations fit.
+    fn ring_cap(&self) -> usize {
+        self.cap / 4
+    }
+}
+
+impl Ring {
+    fn new(s: Snapshot) -> Self {
+        let bytes = s.periods.iter().map(|(u, p)| PERIODS_OVERHEAD + u.as_str().len() + 16 * p.len()).sum();
+        Self {
+            base: s.head,
+            head: s.head,
+            min_seq: s.min_seq,
+            epoch: s.epoch,
+            events: VecDeque::new(),
+            changed: HashSet::new(),
+            periods: s.periods,
+            bytes,
+        }
+    }
+
+    /// Appends `appended`'s events; false when the ring cannot follow it (a
+    /// gap, a `group` event, periods it does not know): the ring goes.
+    fn apply(&mut self, events: &[Event]) -> bool {
+        let Some(last) = events.last() else { return true };
+        if last.seq <= self.head {
+            return true;
+        }
+        for event in events {
+            if event.seq <= self.head {
+                continue;
+            }
+            if event.seq != self.head + 1 || !self.follow(event) {
+                return false;
+            }
+            self.bytes += event_bytes(event);
+            self.events.push_back(event.clone());
+            self.head = event.seq;
+        }
+        true
+    }
+
+    /// What `event` changes of the ring's knowledge; false when it cannot tell.
+    fn follow(&mut self, event: &Event) -> bool {
+        match &event.kind {
+            EventKind::Msg { .. } => {}
+            EventKind::Edit { target_seq, .. } | EventKind::Reaction { target_seq, .. } => {
+                self.changed.insert(*target_seq);
+            }
+            EventKind::Recall { target_seq, .. } => {
+                // The message's body and its edits' bodies are erased.
+                self.changed.insert(*target_seq);
+                let edits = self
+                    .events
+                    .iter()
+                    .filter(|e| matches!(e.kind, EventKind::Edit { target_seq: t, .. } if t == *target_seq));
+                self.changed.extend(edits.map(|e| e.seq).collect::<Vec<_>>());
+            }
+            EventKind::Join { subject, .. } => {
+                let periods = self.periods.entry(subject.clone()).or_default();
+                if periods.last().is_some_and(|p| p.1.is_none()) {
+                    return false;
+                }
+                self.bytes += PERIODS_OVERHEAD + subject.as_str().len();
+                periods.push((event.seq, None));
+            }
+            EventKind::Leave { subject, .. } => match self.periods.get_mut(subject).and_then(|p| p.last_mut()) {
+                Some(open) if open.1.is_none() => open.1 = Some(event.seq),
+                _ => return false,
+            },
+            EventKind::Group { .. } => return false,
+        }
+        true
+    }
+
+    /// Drops the oldest events past `cap` bytes; returns the bytes kept.
+    fn evict(&mut self, cap: usize) -> usize {
+        while self.bytes > cap {
+            let Some(first) = self.events.pop_front() else { break };
+            self.bytes -= event_bytes(&first);
+            self.changed.remove(&first.seq);
+            self.base = first.seq;
+        }
+        self.bytes
+    }
+
+    /// The forward page `req` asks for, exactly as the SQL path pages it, or
+    /// `None` when part of it is not in the ring as stored.
+    fn page(&self, req: &SyncRequest) -> Option<Result<SyncPage, StoreError>> {
+        let Some(periods) = self.periods.get(&req.user) else {
+            return Some(Err(Rejection::NotMember.into()));
+        };
+        // A former member's head is where its last period ended.
+        let head = periods.last().and_then(|p| p.1).map_or(self.head, |to| to.min(self.head));
+        if req.epoch.is_some_and(|e| e != self.epoch) {
+            return Some(Err(Rejection::EpochChanged { epoch: self.epoch, min_seq: self.min_seq }.into()));
+        }
+        let after = req.after_seq.unwrap_or(0).max(0);
+        let bound = after.max(self.min_seq - 1);
+        if bound < self.base {
+            return None;
+        }
+        let fetch = req.limit.clamp(1, super::SYNC_MAX_LIMIT) as usize + 1;
+        let visible = |seq: i64| periods.iter().any(|&(from, to)| from <= seq && seq <= to.unwrap_or(head).min(head));
+        let start = usize::try_from(bound - self.base).ok()?;
+        let events: Vec<&Event> = self
+            .events
+            .iter()
+            .skip(start)
+            .take_while(|e| e.seq <= head)
+            .filter(|e| visible(e.seq))
+            .take(fetch)
+            .collect();
+        if events.iter().any(|e| self.changed.contains(&e.seq)) {
+            return None;
+        }
+        let page =
+            forward_page(req, (head, self.min_seq, self.epoch), events.into_iter().map(|e| Ok((e.clone(), None))));
+        Some(page)
+    }
+}
+
+fn event_bytes(event: &Event) -> usize {
+    EVENT_OVERHEAD + super::sync::body_bytes(event)
+}
