@@ -87,6 +87,8 @@ impl Application {
         }
         let bus = match &config.nats_url {
             Some(url) => {
+                // Another node's epoch bump or purge would not reach this node's tail.
+                store.tail().disable();
                 let homes = config.home_node && writer.path() == WritePath::Actor;
                 Some(Bus::join(url, &config.bus, config.max_body_bytes, &delivery, &writer, homes).await?)
             }

@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 
 use crate::config::DeliverySettings;
 use crate::metrics::metrics;
-use crate::store::{Appended, Membership, Tail};
+use crate::store::{Appended, Membership};
 pub use conn::{Conn, KickReason, Push, Routes};
 pub use lane::Signal;
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
@@ -69,9 +69,6 @@ pub struct Delivery {
     /// What follows this node's committed batches besides the lanes (the
     /// notifier, ARCHITECTURE §5); unset: nothing does.
     follower: OnceLock<Arc<dyn Follower>>,
-    /// The tail cache this node's batches also fill (the store fills it at
-    /// commit; creations reach it only here).
-    tail: OnceLock<Arc<Tail>>,
 }
 
 /// Follows the batches committed on this node, in each conversation's seq
@@ -157,7 +154,6 @@ impl Delivery {
             online_elsewhere: DashMap::new(),
             routed_elsewhere: DashMap::new(),
             follower: OnceLock::new(),
-            tail: OnceLock::new(),
         }
     }
 
@@ -165,12 +161,6 @@ impl Delivery {
     /// process; a second call is ignored.
     pub fn follow(&self, follower: Arc<dyn Follower>) {
         let _ = self.follower.set(follower);
-    }
-
-    /// From now on this node's committed batches also go to `tail`. Once per
-    /// process; a second call is ignored.
-    pub fn fill(&self, tail: Arc<Tail>) {
-        let _ = self.tail.set(tail);
     }
 
     /// Whether `user`'s `device` has a connection on this node or another.
@@ -200,10 +190,6 @@ impl Delivery {
     /// Joins a cluster: from now on this node's batches and routes go to
     /// `peers` too. Once per process; a second call is ignored.
     pub fn join(&self, peers: Arc<dyn Peers>) {
-        // Another node's epoch bump or purge would not reach this node's tail.
-        if let Some(tail) = self.tail.get() {
-            tail.disable();
-        }
         let _ = self.peers.set(peers);
     }
 
@@ -384,9 +370,6 @@ impl Delivery {
 
     /// A batch committed on this node: to the other nodes, then to the lanes.
     fn dispatch(&self, job: Arc<Job>) {
-        if let Some(tail) = self.tail.get() {
-            tail.committed(&job.appended);
-        }
         if let Some(follower) = self.follower.get() {
             follower.committed(&job.appended);
         }

@@ -252,8 +252,8 @@ impl Tail {
         }
     }
 
-    /// A batch committed (or handed to delivery; a batch seen twice is
-    /// ignored): appended to its ring, if any.
+    /// A batch committed (by the store, before its acks; a batch seen twice
+    /// is ignored): appended to its ring, if any.
     pub fn committed(&self, appended: &Appended) {
         let Some(mut slot) = self.rings.get_mut(&appended.conv_id) else { return };
         match &mut *slot {

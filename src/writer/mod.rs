@@ -77,7 +77,6 @@ impl Engine {
     /// actors' arbiters. Must run inside an actix `System`.
     pub fn start(store: Store, settings: &EngineSettings) -> Self {
         let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), &settings.delivery));
-        delivery.fill(store.tail().clone());
         let writer = Writer::start(store, delivery.clone(), &settings.write);
         Self { writer, delivery }
     }
