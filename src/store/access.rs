@@ -31,7 +31,10 @@ impl Store {
     pub async fn access(&self, conv: &ConvId, user: &UserId, join: bool) -> Result<Access, StoreError> {
         let c = self.pool.get().await?;
         let row = c
-            .query_typed_one(ACCESS, &[(&conv.as_str(), Type::TEXT), (&user.as_str(), Type::TEXT), (&join, Type::BOOL)])
+            .query_prepared_one(
+                ACCESS,
+                &[(&conv.as_str(), Type::TEXT), (&user.as_str(), Type::TEXT), (&join, Type::BOOL)],
+            )
             .await?;
         Ok(Access { ever_member: row.get(0), joinable: row.get(1) })
     }

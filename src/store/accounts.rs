@@ -35,7 +35,7 @@ impl Store {
     pub async fn create_user(&self, user: &UserId, display_name: Option<&str>) -> Result<(), StoreError> {
         let conn = self.pool.get().await?;
         let inserted = conn
-            .execute_typed(
+            .execute_prepared(
                 "INSERT INTO users (user_id, display_name) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                 &[(&user.as_str(), Type::TEXT), (&display_name, Type::TEXT)],
             )
@@ -55,7 +55,7 @@ impl Store {
         let hash = token_hash(&token);
         let conn = self.pool.get().await?;
         let result = conn
-            .execute_typed(
+            .execute_prepared(
                 // A new token is a new install as far as pushers go: the old one's go.
                 "WITH gone AS (DELETE FROM pushers WHERE user_id = $1 AND device_id = $2)
                  INSERT INTO devices (user_id, device_id, token_hash) VALUES ($1, $2, $3)
@@ -77,7 +77,7 @@ impl Store {
         let hash = token_hash(token);
         let conn = self.pool.get().await?;
         let row = conn
-            .query_typed_opt(
+            .query_prepared_opt(
                 "SELECT user_id, device_id FROM devices WHERE token_hash = $1",
                 &[(&hash.as_slice(), Type::BYTEA)],
             )

@@ -95,7 +95,7 @@ impl Store {
     /// The users `blocker` blocks, by user id (at most the cap).
     pub async fn blocks(&self, blocker: &UserId) -> Result<Vec<Block>, StoreError> {
         let conn = self.pool.get().await?;
-        let rows = conn.query_typed(LIST, &[(&blocker.as_str(), Type::TEXT)]).await?;
+        let rows = conn.query_prepared(LIST, &[(&blocker.as_str(), Type::TEXT)]).await?;
         rows.iter()
             .map(|r| Ok(Block { user_id: decoded(UserId::parse(r.get(0)), "blocked user_id")?, created_at: r.get(1) }))
             .collect()

@@ -84,8 +84,8 @@ impl Store {
         // The new token first: its statement runs before the snapshots of the others.
         let (since, changed, left) = futures_util::join!(
             since_token(&conn),
-            conn.query_typed(&CHANGED, &params),
-            conn.query_typed(LEFT, &params)
+            conn.query_prepared(&CHANGED, &params),
+            conn.query_prepared(LEFT, &params)
         );
         let (since, changed, left) = (since?, changed?, left?);
         if changed.len() as i64 > SINCE_MAX_CHANGED || left.len() as i64 > SINCE_MAX_CHANGED {

@@ -1,6 +1,8 @@
 //! The pool and its connections: a client with the write path's statements
 //! prepared on it once, by its first write transaction (not when it
-//! connects: the pool also serves the migrations that create the tables).
+//! connects: the pool also serves the migrations that create the tables),
+//! and every other statement it runs outside a transaction prepared by its
+//! first use.
 //!
 //! A statement sent unprepared (`query_typed`) is parsed and planned by the
 //! server every time; for the write transaction's statements that cost more
@@ -8,23 +10,31 @@
 //! (a failover), a checkout waits one connect timeout, not the pool timeout
 //! (ARCHITECTURE §6, "The database failing over").
 
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bb8::{PooledConnection, RunError};
 use bb8_postgres::PostgresConnectionManager;
 use tokio::sync::{watch, OnceCell};
-use tokio_postgres::{Client, Error, NoTls};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Error, NoTls, Row, Statement};
 
 use super::write::Prepared;
 use super::{ErrorClass, StoreError};
+
+/// A statement's parameters with their types, as `query_typed` takes them.
+type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
 
 /// A connection of the pool; derefs to its client.
 pub struct PooledClient {
     client: Client,
     prepared: OnceCell<Prepared>,
+    /// The other statements, by their text: each `'static`, so the set is
+    /// bounded by the program's statements.
+    statements: Mutex<HashMap<&'static str, Statement>>,
     /// A statement on it failed because the connection did: it leaves the
     /// pool when returned, even if its task has not seen the close yet.
     failed: AtomicBool,
@@ -48,6 +58,52 @@ impl PooledClient {
     pub(super) async fn split(&mut self) -> Result<(&mut Client, &Prepared), Error> {
         let prepared = self.prepared.get_or_try_init(|| Prepared::prepare(&self.client)).await?;
         Ok((&mut self.client, prepared))
+    }
+
+    /// `sql` prepared on this connection with the parameters' types, by its
+    /// first use here; and the parameters' values.
+    async fn statement<'a>(
+        &self,
+        sql: &'static str,
+        params: &Params<'a>,
+    ) -> Result<(Statement, Vec<&'a (dyn ToSql + Sync)>), Error> {
+        let values = params.iter().map(|(v, _)| *v).collect();
+        let cached = self.statements.lock().unwrap_or_else(PoisonError::into_inner).get(sql).cloned();
+        if let Some(statement) = cached {
+            return Ok((statement, values));
+        }
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        let statement = self.client.prepare_typed(sql, &types).await?;
+        self.statements.lock().unwrap_or_else(PoisonError::into_inner).insert(sql, statement.clone());
+        Ok((statement, values))
+    }
+
+    /// `query_typed`, with the statement prepared once per connection.
+    pub(super) async fn query_prepared(&self, sql: &'static str, params: &Params<'_>) -> Result<Vec<Row>, Error> {
+        let (statement, values) = self.statement(sql, params).await?;
+        self.client.query(&statement, &values).await
+    }
+
+    /// `query_typed_opt`, with the statement prepared once per connection.
+    pub(super) async fn query_prepared_opt(
+        &self,
+        sql: &'static str,
+        params: &Params<'_>,
+    ) -> Result<Option<Row>, Error> {
+        let (statement, values) = self.statement(sql, params).await?;
+        self.client.query_opt(&statement, &values).await
+    }
+
+    /// `query_typed_one`, with the statement prepared once per connection.
+    pub(super) async fn query_prepared_one(&self, sql: &'static str, params: &Params<'_>) -> Result<Row, Error> {
+        let (statement, values) = self.statement(sql, params).await?;
+        self.client.query_one(&statement, &values).await
+    }
+
+    /// `execute_typed`, with the statement prepared once per connection.
+    pub(super) async fn execute_prepared(&self, sql: &'static str, params: &Params<'_>) -> Result<u64, Error> {
+        let (statement, values) = self.statement(sql, params).await?;
+        self.client.execute(&statement, &values).await
     }
 }
 
@@ -135,7 +191,12 @@ impl bb8::ManageConnection for Manager {
     async fn connect(&self) -> Result<PooledClient, Error> {
         let client = self.inner.connect().await;
         self.reachable.send_if_modified(|r| std::mem::replace(r, client.is_ok()) != client.is_ok());
-        Ok(PooledClient { client: client?, prepared: OnceCell::new(), failed: AtomicBool::new(false) })
+        Ok(PooledClient {
+            client: client?,
+            prepared: OnceCell::new(),
+            statements: Mutex::default(),
+            failed: AtomicBool::new(false),
+        })
     }
 
     /// No round trip: a connection known closed (its task saw the close, or

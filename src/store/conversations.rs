@@ -320,7 +320,7 @@ impl Store {
     pub async fn bump_epoch(&self, conv: &ConvId) -> Result<i32, StoreError> {
         let conn = self.pool.get().await?;
         let row = conn
-            .query_typed_opt(
+            .query_prepared_opt(
                 "UPDATE conversations SET epoch = epoch + 1 WHERE conv_id = $1 RETURNING epoch",
                 &[(&conv.as_str(), Type::TEXT)],
             )

@@ -171,7 +171,7 @@ impl Store {
             (&after_conv as _, Type::TEXT),
             (&fetch as _, Type::INT8),
         ];
-        let (since, rows) = futures_util::join!(since_token(&conn), conn.query_typed(&INBOX_PAGE, &params));
+        let (since, rows) = futures_util::join!(since_token(&conn), conn.query_prepared(&INBOX_PAGE, &params));
         let (since, rows) = (since?, rows?);
         let more = rows.len() as i64 > limit;
         let mut next_cursor = None;

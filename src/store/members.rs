@@ -189,13 +189,13 @@ impl Store {
             MemberQuery::Joined { after } => {
                 let params: [(&(dyn ToSql + Sync), Type); 3] =
                     [(&conv, Type::TEXT), (after, Type::INT8), (&rows, Type::INT8)];
-                c.query_typed(MEMBERS_PAGE, &params).await?
+                c.query_prepared(MEMBERS_PAGE, &params).await?
             }
             MemberQuery::Active { after } => {
                 let (seq, user) = after.as_ref().map_or((i64::MAX, ""), |(s, u)| (*s, u.as_str()));
                 let params: [(&(dyn ToSql + Sync), Type); 4] =
                     [(&conv, Type::TEXT), (&seq, Type::INT8), (&user, Type::TEXT), (&rows, Type::INT8)];
-                c.query_typed(MEMBERS_ACTIVE, &params).await?
+                c.query_prepared(MEMBERS_ACTIVE, &params).await?
             }
             MemberQuery::Search { q, after } => {
                 let past = past_prefix(q);
@@ -208,7 +208,7 @@ impl Store {
                     (&user, Type::TEXT),
                     (&rows, Type::INT8),
                 ];
-                c.query_typed(MEMBERS_SEARCH, &params).await?
+                c.query_prepared(MEMBERS_SEARCH, &params).await?
             }
         };
         let mut members = vec![];
@@ -254,7 +254,7 @@ impl Store {
         }
         let after = after.map_or("", UserId::as_str);
         let rows = c
-            .query_typed(
+            .query_prepared(
                 APPLICATIONS,
                 &[(&conv.as_str(), Type::TEXT), (&after, Type::TEXT), (&(limit + 1), Type::INT8)],
             )

@@ -135,7 +135,7 @@ impl Store {
     /// recovery) and the schema at this build's version.
     pub async fn ready(&self) -> bool {
         let Some(c) = self.pool.probe().await else { return false };
-        let primary = c.query_typed("SELECT NOT pg_is_in_recovery()", &[]).await;
+        let primary = c.query_prepared("SELECT NOT pg_is_in_recovery()", &[]).await;
         primary.is_ok_and(|rows| rows.first().is_some_and(|r| r.try_get(0).unwrap_or(false)))
             && migrate::up_to_date(&**c).await.unwrap_or(false)
     }

@@ -116,7 +116,7 @@ impl Store {
     ) -> Result<(Vec<DueRow>, Option<String>), StoreError> {
         let conn = self.pool.get().await?;
         let rows = conn
-            .query_typed(
+            .query_prepared(
                 DUE_PAGE,
                 &[
                     (&conv.as_str(), Type::TEXT),
@@ -163,14 +163,14 @@ impl Store {
     ) -> Result<(Option<ConvFacts>, HashMap<String, String>), StoreError> {
         let conn = self.pool.get().await?;
         let facts = conn
-            .query_typed_opt(
+            .query_prepared_opt(
                 "SELECT kind = 'direct', member_count, name, next_seq - 1 FROM conversations WHERE conv_id = $1",
                 &[(&conv.as_str(), Type::TEXT)],
             )
             .await?
             .map(|r| ConvFacts { direct: r.get(0), member_count: r.get(1), name: r.get(2), head: r.get(3) });
         let rows = conn
-            .query_typed(
+            .query_prepared(
                 "SELECT user_id, display_name FROM users WHERE user_id = ANY($1) AND display_name IS NOT NULL",
                 &[(&users, Type::TEXT_ARRAY)],
             )
@@ -181,7 +181,7 @@ impl Store {
     /// `users` who joined `conv` become its push targets if they hold a pusher.
     pub async fn add_push_targets(&self, conv: &ConvId, users: &[&str]) -> Result<(), StoreError> {
         let conn = self.pool.get().await?;
-        conn.execute_typed(
+        conn.execute_prepared(
             "INSERT INTO push_targets (conv_id, user_id)
              SELECT $1, u FROM unnest($2::text[]) u WHERE EXISTS (SELECT 1 FROM pushers p WHERE p.user_id = u)
              ON CONFLICT DO NOTHING",
@@ -194,7 +194,7 @@ impl Store {
     /// `users` who left `conv` stop being its push targets, unless back in it.
     pub async fn drop_push_targets(&self, conv: &ConvId, users: &[&str]) -> Result<(), StoreError> {
         let conn = self.pool.get().await?;
-        conn.execute_typed(
+        conn.execute_prepared(
             "DELETE FROM push_targets t WHERE t.conv_id = $1 AND t.user_id = ANY($2)
                AND NOT EXISTS (SELECT 1 FROM membership_periods mp
                                 WHERE mp.conv_id = $1 AND mp.user_id = t.user_id AND mp.to_seq IS NULL)",
@@ -207,7 +207,7 @@ impl Store {
     /// `user`'s unread messages over its conversations (each capped as the inbox's).
     pub async fn unread_total(&self, user: &UserId) -> Result<i64, StoreError> {
         let conn = self.pool.get().await?;
-        Ok(conn.query_typed_one(UNREAD_TOTAL.as_str(), &[(&user.as_str(), Type::TEXT)]).await?.get(0))
+        Ok(conn.query_prepared_one(UNREAD_TOTAL.as_str(), &[(&user.as_str(), Type::TEXT)]).await?.get(0))
     }
 
     /// Records `node`'s progress and renews its lease on each conversation,
@@ -225,7 +225,7 @@ impl Store {
         let done: Vec<i64> = progress.iter().map(|(_, d)| *d).collect();
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         let rows = conn
-            .query_typed(
+            .query_prepared(
                 "INSERT INTO notify_progress (conv_id, done_seq, node, lease_until)
                  SELECT c, d, $3, now() + make_interval(secs => $4::float8 / 1000)
                    FROM unnest($1::text[], $2::int8[]) AS x(c, d)
@@ -251,7 +251,7 @@ impl Store {
         let (since, settled) = (ago(window), ago(settle));
         let conn = self.pool.get().await?;
         let rows = conn
-            .query_typed(BEHIND, &[(&since, Type::TIMESTAMPTZ), (&settled, Type::TIMESTAMPTZ), (&limit, Type::INT8)])
+            .query_prepared(BEHIND, &[(&since, Type::TIMESTAMPTZ), (&settled, Type::TIMESTAMPTZ), (&limit, Type::INT8)])
             .await?;
         rows.iter()
             .map(|r| Ok(Behind { conv: decoded(ConvId::parse(r.get(0)), "conv_id")?, done: r.get(1), head: r.get(2) }))
@@ -271,7 +271,7 @@ impl Store {
         let conn = self.pool.get().await?;
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         let row = conn
-            .query_typed_opt(
+            .query_prepared_opt(
                 "INSERT INTO notify_progress (conv_id, done_seq, node, lease_until)
                  VALUES ($1, $2, $3, now() + make_interval(secs => $4::float8 / 1000))
                  ON CONFLICT (conv_id) DO UPDATE SET node = excluded.node, lease_until = excluded.lease_until
@@ -293,7 +293,7 @@ impl Store {
     ) -> Result<Vec<Event>, StoreError> {
         let conn = self.pool.get().await?;
         let rows = conn
-            .query_typed(
+            .query_prepared(
                 EVENTS_AFTER,
                 &[(&conv.as_str(), Type::TEXT), (&after, Type::INT8), (&upto, Type::INT8), (&since, Type::TIMESTAMPTZ)],
             )

@@ -45,7 +45,7 @@ impl Store {
         let pattern = format!("{}%", escape_like(&prefix.to_lowercase()));
         let params: [(&(dyn ToSql + Sync), Type); 4] =
             [(&caller.as_str(), Type::TEXT), (&pattern, Type::TEXT), (&prefix, Type::TEXT), (&limit, Type::INT8)];
-        let rows = c.query_typed(SEARCH_USERS, &params).await?;
+        let rows = c.query_prepared(SEARCH_USERS, &params).await?;
         rows.iter()
             .map(|r| Ok(FoundUser { user_id: decoded(UserId::parse(r.get(0)), "user_id")?, display_name: r.get(1) }))
             .collect()

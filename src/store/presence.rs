@@ -35,7 +35,7 @@ impl Store {
     /// wherever it lands (P7 across nodes).
     pub async fn next_cluster_conn_id(&self) -> Result<u64, StoreError> {
         let c = self.pool.get().await?;
-        let n: i64 = c.query_typed_one("SELECT nextval('conn_ids')", &[]).await?.get(0);
+        let n: i64 = c.query_prepared_one("SELECT nextval('conn_ids')", &[]).await?.get(0);
         // A sequence starts at 1 and never goes below it.
         Ok(n.unsigned_abs())
     }
@@ -43,7 +43,7 @@ impl Store {
     /// `user`'s memberships (one statement, one snapshot).
     pub async fn memberships_of(&self, user: &UserId) -> Result<Vec<Membership>, StoreError> {
         let c = self.pool.get().await?;
-        let rows = c.query_typed(MEMBERSHIPS_OF, &[(&user.as_str(), Type::TEXT)]).await?;
+        let rows = c.query_prepared(MEMBERSHIPS_OF, &[(&user.as_str(), Type::TEXT)]).await?;
         rows.iter()
             .map(|row| {
                 let conv_id = decoded(ConvId::parse(row.get(0)), "conv_id")?;

@@ -118,13 +118,13 @@ impl Store {
     pub async fn remove_pusher(&self, user: &UserId, app_id: &str, pushkey: &str) -> Result<bool, StoreError> {
         let conn = self.pool.get().await?;
         let removed = conn
-            .execute_typed(
+            .execute_prepared(
                 "DELETE FROM pushers WHERE app_id = $1 AND pushkey = $2 AND user_id = $3",
                 &[(&app_id, Type::TEXT), (&pushkey, Type::TEXT), (&user.as_str(), Type::TEXT)],
             )
             .await?;
         if removed > 0 {
-            conn.execute_typed(UNTARGET_IF_NONE, &[(&user.as_str(), Type::TEXT)]).await?;
+            conn.execute_prepared(UNTARGET_IF_NONE, &[(&user.as_str(), Type::TEXT)]).await?;
         }
         Ok(removed > 0)
     }
@@ -133,7 +133,7 @@ impl Store {
     pub async fn set_notify_level(&self, user: &UserId, conv: &ConvId, level: NotifyLevel) -> Result<(), StoreError> {
         let conn = self.pool.get().await?;
         let set = conn
-            .execute_typed(
+            .execute_prepared(
                 "INSERT INTO notify_levels (user_id, conv_id, level)
                  SELECT $1, $2, $3 FROM membership_periods WHERE conv_id = $2 AND user_id = $1 AND to_seq IS NULL
                  ON CONFLICT (user_id, conv_id) DO UPDATE SET level = excluded.level",

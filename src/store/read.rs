@@ -103,7 +103,7 @@ impl Store {
         }
         let conn = self.pool.get().await?;
         let row = conn
-            .query_typed_opt(
+            .query_prepared_opt(
                 MARK_READ_AND_TELL,
                 &[
                     (&conv.as_str(), Type::TEXT),
@@ -129,11 +129,11 @@ impl Store {
     pub async fn reads(&self, conv: &ConvId, caller: &UserId, after: i64, limit: i64) -> Result<ReadsPage, StoreError> {
         let conn = self.pool.get().await?;
         let c = conv.as_str();
-        conn.query_typed_opt(IS_MEMBER, &[(&c, Type::TEXT), (&caller.as_str(), Type::TEXT)])
+        conn.query_prepared_opt(IS_MEMBER, &[(&c, Type::TEXT), (&caller.as_str(), Type::TEXT)])
             .await?
             .ok_or(Rejection::NotMember)?;
         let rows =
-            conn.query_typed(READS_PAGE, &[(&c, Type::TEXT), (&after, Type::INT8), (&limit, Type::INT8)]).await?;
+            conn.query_prepared(READS_PAGE, &[(&c, Type::TEXT), (&after, Type::INT8), (&limit, Type::INT8)]).await?;
         let mut reads = Vec::with_capacity(rows.len());
         let mut last = None;
         for r in &rows {
@@ -149,7 +149,7 @@ impl Store {
     pub async fn read_seq(&self, conv: &ConvId, user: &UserId) -> Result<i64, StoreError> {
         let conn = self.pool.get().await?;
         let row = conn
-            .query_typed_opt(READ_SEQ, &[(&conv.as_str(), Type::TEXT), (&user.as_str(), Type::TEXT)])
+            .query_prepared_opt(READ_SEQ, &[(&conv.as_str(), Type::TEXT), (&user.as_str(), Type::TEXT)])
             .await?
             .ok_or(Rejection::NotMember)?;
         Ok(row.get(0))

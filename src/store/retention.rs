@@ -87,7 +87,7 @@ impl Store {
         let started = Instant::now();
         let due: Vec<ConvId> = {
             let c = self.pool.get().await?;
-            let rows = c.query_typed(DUE, &[]).await?;
+            let rows = c.query_prepared(DUE, &[]).await?;
             rows.iter().map(|r| decoded(ConvId::parse(r.get(0)), "conv_id")).collect::<Result<_, _>>()?
         };
         let mut report = PurgeReport::default();
@@ -164,7 +164,7 @@ impl Store {
         let c = self.pool.get().await?;
         let mut expired = 0;
         loop {
-            let n = c.execute_typed(EXPIRE_TOMBSTONES, &[(&horizon_ms, Type::INT8)]).await?;
+            let n = c.execute_prepared(EXPIRE_TOMBSTONES, &[(&horizon_ms, Type::INT8)]).await?;
             expired += n;
             if n == 0 {
                 return Ok(expired);

@@ -47,7 +47,7 @@ impl Store {
     pub async fn typing_forwarded(&self, conv: &ConvId, user: &UserId) -> Result<bool, StoreError> {
         let conn = self.pool.get().await?;
         let row = conn
-            .query_typed_opt(TYPIST, &[(&conv.as_str(), Type::TEXT), (&user.as_str(), Type::TEXT)])
+            .query_prepared_opt(TYPIST, &[(&conv.as_str(), Type::TEXT), (&user.as_str(), Type::TEXT)])
             .await?
             .ok_or(Rejection::NotMember)?;
         let push = row.get::<_, &str>(0).parse::<DeliveryMode>() == Ok(DeliveryMode::Push);
@@ -68,14 +68,14 @@ impl Store {
         let conn = self.pool.get().await?;
         let ids: Vec<&str> = users.iter().map(UserId::as_str).collect();
         let params: [(&(dyn ToSql + Sync), Type); 2] = [(&caller.as_str(), Type::TEXT), (&ids, Type::TEXT_ARRAY)];
-        let rows = conn.query_typed(SHARING, &params).await?;
+        let rows = conn.query_prepared(SHARING, &params).await?;
         rows.iter().map(|r| decoded(UserId::parse(r.get(0)), "user_id")).collect()
     }
 
     /// The users `user` shares a direct conversation with.
     pub async fn direct_peers(&self, user: &UserId) -> Result<Vec<UserId>, StoreError> {
         let conn = self.pool.get().await?;
-        let rows = conn.query_typed(DIRECT_PEERS, &[(&user.as_str(), Type::TEXT)]).await?;
+        let rows = conn.query_prepared(DIRECT_PEERS, &[(&user.as_str(), Type::TEXT)]).await?;
         rows.iter().map(|r| decoded(UserId::parse(r.get(0)), "user_id")).collect()
     }
 
@@ -83,13 +83,13 @@ impl Store {
     pub async fn last_seen(&self, users: &[UserId]) -> Result<HashMap<UserId, DateTime<Utc>>, StoreError> {
         let conn = self.pool.get().await?;
         let ids: Vec<&str> = users.iter().map(UserId::as_str).collect();
-        let rows = conn.query_typed(LAST_SEEN, &[(&ids, Type::TEXT_ARRAY)]).await?;
+        let rows = conn.query_prepared(LAST_SEEN, &[(&ids, Type::TEXT_ARRAY)]).await?;
         rows.iter().map(|r| Ok((decoded(UserId::parse(r.get(0)), "user_id")?, r.get(1)))).collect()
     }
 
     pub async fn set_last_seen(&self, user: &UserId, at: DateTime<Utc>) -> Result<(), StoreError> {
         let conn = self.pool.get().await?;
-        conn.execute_typed(SET_LAST_SEEN, &[(&user.as_str(), Type::TEXT), (&at, Type::TIMESTAMPTZ)]).await?;
+        conn.execute_prepared(SET_LAST_SEEN, &[(&user.as_str(), Type::TEXT), (&at, Type::TIMESTAMPTZ)]).await?;
         Ok(())
     }
 }

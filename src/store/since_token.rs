@@ -2,8 +2,8 @@
 //! read back by the next delta (PROTOCOL §7). What it holds, and why no
 //! change is missed, is told in `changes`.
 
+use super::connection::PooledClient;
 use chrono::{DateTime, Utc};
-use tokio_postgres::Client;
 
 use super::StoreError;
 
@@ -12,8 +12,8 @@ SELECT date_trunc('milliseconds', least(now(), (SELECT min(xact_start) FROM pg_s
                                                 WHERE datname = current_database() AND state <> 'idle')))";
 
 /// A new token (`changes` module docs). Poll it before the statements it goes with.
-pub(super) async fn since_token(c: &Client) -> Result<String, StoreError> {
-    let at: DateTime<Utc> = c.query_typed_one(SINCE_NOW, &[]).await?.get(0);
+pub(super) async fn since_token(c: &PooledClient) -> Result<String, StoreError> {
+    let at: DateTime<Utc> = c.query_prepared_one(SINCE_NOW, &[]).await?.get(0);
     Ok(hex::encode(at.timestamp_millis().to_string()))
 }
 

@@ -157,7 +157,7 @@ impl Store {
         // The header is read first: every event up to this head committed with
         // (or before) the `next_seq` we read, so the page below sees all of them.
         let header = conn
-            .query_typed_opt(HEADER, &[(&conv, Type::TEXT), (&user, Type::TEXT)])
+            .query_prepared_opt(HEADER, &[(&conv, Type::TEXT), (&user, Type::TEXT)])
             .await?
             .ok_or(Rejection::NotMember)?;
         let (head, min_seq, epoch): (i64, i64, i32) = (header.get(0), header.get(1), header.get(2));
@@ -179,7 +179,7 @@ impl Store {
             (&fetch, Type::INT8),
             (&min_seq, Type::INT8),
         ];
-        let rows = conn.query_typed(sql, &params[..n]).await?;
+        let rows = conn.query_prepared(sql, &params[..n]).await?;
         drop(conn);
         let decoded = rows.iter().map(|r| {
             let reactions = match r.get::<_, Option<&str>>(REACTIONS_AT) {

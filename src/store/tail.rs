@@ -126,7 +126,7 @@ impl Store {
 
     async fn tail_snapshot(&self, conv: &ConvId) -> Result<Option<Snapshot>, StoreError> {
         let conn = self.pool.get().await?;
-        let Some(row) = conn.query_typed_opt(TAIL_SNAPSHOT, &[(&conv.as_str(), Type::TEXT)]).await? else {
+        let Some(row) = conn.query_prepared_opt(TAIL_SNAPSHOT, &[(&conv.as_str(), Type::TEXT)]).await? else {
             return Ok(None);
         };
         drop(conn);
