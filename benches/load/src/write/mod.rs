@@ -28,6 +28,9 @@ pub enum Scenario {
     All,
     /// A lone sender's ack latency, C = `--latency-senders`: `--latency-out`.
     Latency,
+    /// Many conversations through the commit stage, and the ceiling: printed
+    /// only (for a before/after of the merged path).
+    Many,
 }
 
 #[derive(Debug, clap::Args)]
@@ -88,6 +91,13 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let users = create_users(&store, &format!("load-{run_id}")).await?;
     if args.scenario == Scenario::Latency {
         return latency::run(&store, &args, &users, &run_id).await;
+    }
+    if args.scenario == Scenario::Many {
+        let r = many_conversations(&store, WritePath::Actor, args.commit_workers, &users, &args, &run_id).await?;
+        eprintln!("{}", summary_line(&r));
+        let ceiling = ceiling(&store, &args, &run_id).await?;
+        eprintln!("ceiling: {ceiling:.0} rows/s; many-conversations at {:.0}% of it", 100.0 * r.acked_per_s / ceiling);
+        return Ok(if r.verified { vec![] } else { vec![r.scenario.to_owned()] });
     }
     let mut runs = vec![];
     let mut max_actor_rate: f64 = 0.0;
