@@ -32,6 +32,7 @@ mod leaks;
 mod limits;
 mod live;
 mod live_cluster;
+mod merged_keys;
 mod nats_cluster;
 mod notify;
 mod overload;

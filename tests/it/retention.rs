@@ -22,11 +22,16 @@ const SUITE: &str = "im-11";
 /// fresh ones well inside.
 const HOUR_MS: i64 = 3_600_000;
 
-/// A group of `u-ana` and `others`, keeping events for an hour.
+/// A group of `u-ana` and `others` (users made here), keeping events for an hour.
 async fn hour_group(env: &Env, id: &str, others: &[&str]) -> ConvId {
     let mut users = vec!["u-ana"];
     users.extend_from_slice(others);
     env.users(&users).await;
+    hour_group_of(env, id, others).await
+}
+
+/// A group of `u-ana` and `others`, users already, keeping events for an hour.
+pub(crate) async fn hour_group_of(env: &Env, id: &str, others: &[&str]) -> ConvId {
     let settings = GroupSettings { retention_ms: Some(HOUR_MS), ..GroupSettings::default() };
     env.store()
         .create_conversation(&CreateConversation::Group {
@@ -43,7 +48,7 @@ async fn hour_group(env: &Env, id: &str, others: &[&str]) -> ConvId {
 }
 
 /// Makes every event of `conv` so far two hours old: past the retention.
-async fn age_all(c: &tokio_postgres::Client, conv: &ConvId) {
+pub(crate) async fn age_all(c: &tokio_postgres::Client, conv: &ConvId) {
     c.execute("UPDATE events SET created_at = now() - interval '2 hours' WHERE conv_id = $1", &[&conv.as_str()])
         .await
         .expect("age events");
@@ -68,7 +73,7 @@ async fn old_history(c: &tokio_postgres::Client, conv: &ConvId, n: i64) {
 }
 
 /// `(min_seq, next_seq, rows, gapless)`: the rows are exactly `[min_seq, next_seq)` (P1).
-async fn log_shape(c: &tokio_postgres::Client, conv: &ConvId) -> (i64, i64, i64, bool) {
+pub(crate) async fn log_shape(c: &tokio_postgres::Client, conv: &ConvId) -> (i64, i64, i64, bool) {
     let r = c
         .query_one(
             "SELECT c.min_seq, c.next_seq, count(e.seq), coalesce(min(e.seq), c.next_seq), coalesce(max(e.seq), c.min_seq - 1)

@@ -38,6 +38,9 @@ pub(super) struct ConvRow {
     pub(super) name: Option<String>,
     pub(super) owner: Option<UserId>,
     pub(super) edit_window_ms: i64,
+    /// Retention purged the start of the log (`min_seq > 1`): some request
+    /// keys live on only as tombstones, which no index of `events` holds.
+    pub(super) purged: bool,
 }
 
 #[cfg(test)]
@@ -62,8 +65,20 @@ impl ConvRow {
             name: None,
             owner: None,
             edit_window_ms: 86_400_000,
+            purged: false,
         }
     }
+}
+
+/// Whether a write transaction reads its request keys under the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeyLookup {
+    /// Read with the lock: a retry is answered from the read.
+    WithLock,
+    /// Not read: the INSERT meets a key already in the log on
+    /// `events_request_key`, and the caller runs the transaction again
+    /// reading them (`merged`).
+    ByInsert,
 }
 
 /// How a write transaction takes its conversation rows.
@@ -120,6 +135,7 @@ async fn lock_conversations(
                 owner: decoded(r.get::<_, Option<&str>>(14).map(UserId::parse).transpose(), "conversations.owner")?,
                 edit_window_ms: r.get(15),
                 delivery_setting: decoded(r.get::<_, &str>(16).parse(), "conversations.delivery_setting")?,
+                purged: r.get::<_, i64>(17) > 1,
             };
             Ok((conv, row))
         })
@@ -163,6 +179,7 @@ pub(super) async fn lock_and_read<B>(
     begin: B,
     jobs: &mut [BatchJob],
     mode: LockMode,
+    keys: KeyLookup,
 ) -> Result<Reads, StoreError>
 where
     B: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
@@ -175,11 +192,17 @@ where
             LockMode::SkipLocked => existing_conversations(tx, jobs).await,
         }
     };
+    let prior = async {
+        match keys {
+            KeyLookup::WithLock => lookup_request_keys(tx, jobs).await,
+            KeyLookup::ByInsert => Ok(HashMap::new()),
+        }
+    };
     let (begun, rows, existing, prior, standings, known_users, blockers, applications, targets, reactions) = futures_util::join!(
         begin,
         lock_conversations(tx, jobs, mode),
         existing,
-        lookup_request_keys(tx, jobs),
+        prior,
         read_standings(tx, pairs),
         lookup_joiners(tx.client, jobs),
         lookup_blockers(tx.client, jobs),
@@ -218,7 +241,10 @@ pub(super) struct SendAckWithHash {
 
 pub(super) type RequestKey = (ConvId, UserId, ClientMsgId);
 
-async fn lookup_request_keys(tx: Conn<'_>, jobs: &[BatchJob]) -> Result<HashMap<RequestKey, Prior>, StoreError> {
+pub(super) async fn lookup_request_keys(
+    tx: Conn<'_>,
+    jobs: &[BatchJob],
+) -> Result<HashMap<RequestKey, Prior>, StoreError> {
     let (mut convs, mut users, mut keys) = (vec![], vec![], vec![]);
     for job in jobs {
         for op in &job.ops {

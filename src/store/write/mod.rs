@@ -3,7 +3,8 @@
 //! commit stage, `merged`). The `direct` write path runs it with one op.
 //!
 //! Round trips, each a pipeline (`txn`): BEGIN, the lock and every read the
-//! checks need (replay + tombstone lookup of every request key, the standings
+//! checks need (replay + tombstone lookup of every request key, which a
+//! merged round leaves to the INSERT's unique index: `merged`; the standings
 //! of the users the ops name that the cache does not know, for group ops
 //! which invitees exist and their applications, the targets of recalls,
 //! edits, reactions and replies, the reaction sets reactions change); the
@@ -49,7 +50,7 @@ use crate::config::LargeGroupSettings;
 use crate::domain::{DeliveryMode, Event, Rejection, Role, Standing};
 use append::append_events;
 use batch::BatchBuilder;
-use lookup::{lock_and_read, read_standings, settle_standings, ConvRow, LockMode, Reads};
+use lookup::{lock_and_read, read_standings, settle_standings, ConvRow, KeyLookup, LockMode, Reads};
 use member_rows::{write_conv_patch, write_member_changes};
 pub(super) use merged::Share;
 pub use ops::{
@@ -208,7 +209,7 @@ async fn write_on(
     }
     let mut jobs = [job];
     let tx = WriteTx::new(conn);
-    let reads = lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::Wait).await?;
+    let reads = lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::Wait, KeyLookup::WithLock).await?;
     phase.end("lock");
     let applied = apply_batches(tx.conn(), &mut jobs, reads, large, phase).await?;
     let mut written = append_and_commit(tx, applied, phase).await.map_err(Unfinished::into_error)?;
@@ -256,7 +257,8 @@ pub(super) async fn apply_ops(
     let mut jobs = [BatchJob { conv: conv.clone(), cache: ConvCache::default(), ops }];
     let mut phase = Phase::start();
     let conn = Conn { client: tx.client(), prepared };
-    let reads = lock_and_read(conn, std::future::ready(Ok(())), &mut jobs, LockMode::Wait).await?;
+    let ready = std::future::ready(Ok(()));
+    let reads = lock_and_read(conn, ready, &mut jobs, LockMode::Wait, KeyLookup::WithLock).await?;
     let mut applied = apply_batches(conn, &mut jobs, reads, large, &mut phase).await?;
     append_events(conn, &applied).await?;
     applied.take_events();

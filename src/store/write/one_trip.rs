@@ -165,7 +165,7 @@ pub(super) async fn commit_plan(
 }
 
 /// The INSERT met an event holding one of its request keys.
-fn key_taken(e: &tokio_postgres::Error) -> bool {
+pub(super) fn key_taken(e: &tokio_postgres::Error) -> bool {
     e.as_db_error()
         .is_some_and(|d| *d.code() == SqlState::UNIQUE_VIOLATION && d.constraint() == Some("events_request_key"))
 }

@@ -15,7 +15,7 @@ macro_rules! lock_conversations_sql {
         concat!(
             "SELECT conv_id, status, next_seq, member_version, member_count, max_member, mute_all, ",
             "join_mode, delivery_mode, date_trunc('milliseconds', now()), kind = 'group', recall_window_ms, ",
-            "retention_ms, name, owner, edit_window_ms, delivery_setting FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
+            "retention_ms, name, owner, edit_window_ms, delivery_setting, min_seq FROM conversations WHERE conv_id = ANY($1::text[]) ORDER BY conv_id FOR NO KEY UPDATE",
             $wait
         )
     };
