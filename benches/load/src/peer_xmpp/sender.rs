@@ -31,7 +31,7 @@ pub struct SenderOut {
     pub ack_ms: Vec<f64>,
     /// `NO_ANSWER`, `CONNECTION_CLOSED`, or the type of an error stanza.
     pub errors: BTreeMap<String, u64>,
-    /// Others' messages reflected to us.
+    /// Others' messages reflected to us (with a body: not the room's subject).
     pub deliveries: u64,
     pub last_ack: Option<Instant>,
     pub closed: bool,
@@ -79,7 +79,7 @@ pub async fn run(idx: usize, nick: String, mut x: Xmpp, cfg: Arc<SenderCfg>) -> 
                             out.last_ack = Some(Instant::now());
                             out.acks.push(key);
                         }
-                    } else if kind == Some("groupchat") && from != Some(me.as_str()) {
+                    } else if kind == Some("groupchat") && from != Some(me.as_str()) && s.contains("<body") {
                         out.deliveries += 1;
                     }
                 }
