@@ -14,11 +14,14 @@
 //!   `ws/failover.rs`.
 //! * `imcore-load since` — in process: the reconnect delta of a user in
 //!   10,000 conversations, 10 of them changed. See `since.rs`.
+//! * `imcore-load peer-xmpp` — the latency scenario against an XMPP server
+//!   (ejabberd, set up by benches/peers/ejabberd/run.sh). See `peer_xmpp/`.
 //!
 //! Every run is bounded in messages and time and stops by itself, and checks
 //! what it wrote: a run that did not verify makes the command fail.
 
 mod environment;
+mod peer_xmpp;
 mod percentiles;
 mod retention;
 mod senders;
@@ -55,6 +58,8 @@ enum Cmd {
     Failover(ws::failover::Args),
     /// In process: the reconnect delta (PROTOCOL §7) of a user in many conversations.
     Since(since::Args),
+    /// End to end: the latency scenario against an XMPP server's MUC room archived in PostgreSQL.
+    PeerXmpp(peer_xmpp::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +70,7 @@ fn main() -> std::process::ExitCode {
         Some(Cmd::Retention(args)) => retention::main(args),
         Some(Cmd::Failover(args)) => ws::failover::main(args),
         Some(Cmd::Since(args)) => since::main(args),
+        Some(Cmd::PeerXmpp(args)) => peer_xmpp::main(args),
         None => write::main(cli.write),
     }
 }

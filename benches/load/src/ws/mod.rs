@@ -21,8 +21,8 @@ mod hot;
 mod log_check;
 mod nodes;
 mod notify;
-mod provision;
-mod server;
+pub(crate) mod provision;
+pub(crate) mod server;
 mod storm;
 
 use std::path::PathBuf;
@@ -469,7 +469,7 @@ fn write_evidence(ctx: &Ctx, file: &str, runs: Vec<Value>, extra: Value) -> Resu
     Ok(failed)
 }
 
-async fn machine(pg: &Pg) -> Result<Value, BoxError> {
+pub(crate) async fn machine(pg: &Pg) -> Result<Value, BoxError> {
     let os = std::fs::read_to_string("/etc/os-release")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_owned())))
@@ -492,7 +492,7 @@ async fn machine(pg: &Pg) -> Result<Value, BoxError> {
     }))
 }
 
-fn git_rev() -> String {
+pub(crate) fn git_rev() -> String {
     let out = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)

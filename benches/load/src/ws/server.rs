@@ -259,7 +259,7 @@ pub fn proc_cpu_s(pid: i32) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn proc_status_kib(pid: i32, key: &str) -> u64 {
+pub fn proc_status_kib(pid: i32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
