@@ -7,9 +7,10 @@
 //! stored form, or the seq is marked `changed` (a later recall, edit or
 //! reaction altered it) and a page that would show it reads PostgreSQL. A
 //! gap, a `group` event, an epoch bump or a purge drops the ring. Bounded in
-//! bytes (`IMCORE_SYNC_TAIL_BYTES`); a ring is made by the first `sync` that
-//! misses, loaded once (single flight) while later misses wait for it; a
-//! `sync` whose load fails reads PostgreSQL, never loads again.
+//! bytes (`IMCORE_SYNC_TAIL_BYTES`; at the cap the least recently read rings
+//! go); a ring is made by the first `sync` that misses, loaded once (single
+//! flight) while later misses wait for it; a `sync` whose load fails reads
+//! PostgreSQL, never loads again.
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -41,6 +42,10 @@ pub struct Tail {
     /// Set once this node joined a cluster (see [`Tail::disable`]).
     off: AtomicBool,
     used: AtomicUsize,
+    /// Ticks once per page served or ring loaded: `read_at` orders rings by their last read.
+    clock: AtomicU64,
+    /// An eviction is running (one at a time; other misses read PostgreSQL meanwhile).
+    evicting: AtomicBool,
     pub counts: TailCounts,
 }
 
@@ -53,6 +58,8 @@ pub struct TailCounts {
     pub loads: AtomicU64,
     /// `sync`s that waited for a load another one started (coalesced).
     pub coalesced: AtomicU64,
+    /// Rings dropped at the cap to make room, least recently read first.
+    pub evicted: AtomicU64,
 }
 
 enum Slot {
@@ -84,6 +91,8 @@ struct Ring {
     changed: HashSet<i64>,
     periods: HashMap<UserId, Periods>,
     bytes: usize,
+    /// [`Tail::clock`] when a page last came from it (or it was loaded).
+    read_at: AtomicU64,
 }
 
 /// The snapshot a tail ring starts from (one statement): the head, `min_seq`,
@@ -181,6 +190,8 @@ impl Tail {
             cap,
             off: AtomicBool::new(false),
             used: AtomicUsize::new(0),
+            clock: AtomicU64::new(0),
+            evicting: AtomicBool::new(false),
             counts: TailCounts::default(),
         }
     }
@@ -201,6 +212,7 @@ impl Tail {
                 Slot::Ready(ring) => match ring.page(req) {
                     Some(page) => {
                         self.counts.hits.fetch_add(1, Ordering::Relaxed);
+                        ring.read_at.store(self.tick(), Ordering::Relaxed);
                         Lookup::Page(page)
                     }
                     None => Lookup::Sql,
@@ -212,7 +224,7 @@ impl Tail {
                 Slot::Loading { .. } => Lookup::Sql,
             };
         }
-        if !may_load || self.used() >= self.cap {
+        if !may_load || (self.used() >= self.cap && !self.evict_least_read()) {
             return Lookup::Sql;
         }
         match self.rings.entry(req.conv.clone()) {
@@ -235,7 +247,8 @@ impl Tail {
             return;
         }
         let waiting = std::mem::take(waiting);
-        let ring = snapshot.map(Ring::new).and_then(|mut ring| {
+        let now = self.tick();
+        let ring = snapshot.map(|s| Ring::new(s, now)).and_then(|mut ring| {
             let ok = waiting.iter().all(|events| ring.apply(events));
             ok.then_some(ring)
         });
@@ -289,6 +302,39 @@ impl Tail {
         self.used.store(0, Ordering::Relaxed);
     }
 
+    /// The next reading of [`Tail::clock`].
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// At the cap: drops the rings read least recently until an eighth of the
+    /// cap is free (a conversation synced once long ago must not keep a hot
+    /// one out). False when another eviction is running or nothing could go.
+    fn evict_least_read(&self) -> bool {
+        if self.evicting.swap(true, Ordering::Acquire) {
+            return false;
+        }
+        let mut ready: Vec<(u64, ConvId)> = self
+            .rings
+            .iter()
+            .filter_map(|e| match e.value() {
+                Slot::Ready(ring) => Some((ring.read_at.load(Ordering::Relaxed), e.key().clone())),
+                Slot::Loading { .. } => None,
+            })
+            .collect();
+        ready.sort_unstable_by_key(|(read_at, _)| *read_at);
+        let goal = self.cap - self.cap / 8;
+        for (_, conv) in ready {
+            if self.used() <= goal {
+                break;
+            }
+            self.forget(&conv);
+            self.counts.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        self.evicting.store(false, Ordering::Release);
+        self.used() < self.cap
+    }
+
     /// One ring may hold a quarter of the cap, so several hot conversations fit.
     fn ring_cap(&self) -> usize {
         self.cap / 4
@@ -296,7 +342,7 @@ impl Tail {
 }
 
 impl Ring {
-    fn new(s: Snapshot) -> Self {
+    fn new(s: Snapshot, now: u64) -> Self {
         let bytes = s.periods.iter().map(|(u, p)| PERIODS_OVERHEAD + u.as_str().len() + 16 * p.len()).sum();
         Self {
             base: s.head,
@@ -307,6 +353,7 @@ impl Ring {
             changed: HashSet::new(),
             periods: s.periods,
             bytes,
+            read_at: AtomicU64::new(now),
         }
     }
 
@@ -413,4 +460,46 @@ impl Ring {
 
 fn event_bytes(event: &Event) -> usize {
     EVENT_OVERHEAD + super::sync::body_bytes(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(conv: &ConvId) -> SyncRequest {
+        let user = UserId::parse("u-ana").expect("user");
+        SyncRequest {
+            conv: conv.clone(),
+            user,
+            after_seq: Some(1),
+            before_seq: None,
+            limit: 10,
+            epoch: None,
+            max_bytes: 1 << 20,
+        }
+    }
+
+    /// Loads `conv`'s ring (u-ana a member since seq 1); whether a load ran.
+    fn load(tail: &Tail, conv: &ConvId) -> bool {
+        let Lookup::Load(load) = tail.lookup(&request(conv), true) else { return false };
+        let periods = HashMap::from([(UserId::parse("u-ana").expect("user"), vec![(1, None)])]);
+        tail.loaded(conv, load, Some(Snapshot { head: 1, min_seq: 1, epoch: 1, periods }));
+        true
+    }
+
+    #[test]
+    fn at_the_cap_the_rings_read_least_recently_make_room() {
+        let convs: Vec<ConvId> = ["a", "b", "c", "d"].iter().map(|c| ConvId::parse(c).expect("conv")).collect();
+        let ring = PERIODS_OVERHEAD + "u-ana".len() + 16;
+        // Room for three rings before the cap, not for a fourth.
+        let tail = Tail::new(3 * ring);
+        assert!(load(&tail, &convs[0]) && load(&tail, &convs[1]) && load(&tail, &convs[2]));
+        assert_eq!(tail.used(), 3 * ring);
+        // `a` is read again: `b` is now the ring read least recently.
+        assert!(matches!(tail.lookup(&request(&convs[0]), true), Lookup::Page(Ok(_))));
+        assert!(load(&tail, &convs[3]), "the fourth conversation got no ring");
+        assert!(tail.rings.contains_key(&convs[0]) && !tail.rings.contains_key(&convs[1]));
+        assert!(tail.rings.contains_key(&convs[2]) && tail.rings.contains_key(&convs[3]));
+        assert_eq!((tail.used(), tail.counts.evicted.load(Ordering::Relaxed)), (3 * ring, 1));
+    }
 }
