@@ -4,7 +4,7 @@
 # whole machine from the moment every device is connected for 5 s (the sends),
 # then the split by thread and the server's top functions with call chains.
 # Usage: benches/profile-push.sh OUT.txt [SERVER_BIN]  (default: this build's);
-# the run's fanout.json lands beside OUT.txt. Needs `perf` (Debian
+# the run's fanout.json lands beside OUT.txt (KEEP=1: its perf.data too). Needs `perf` (Debian
 # `linux-perf`) and root; run after `cargo build --release --workspace --bins`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +53,11 @@ cp "$work/fanout.json" "${out%.txt}.fanout.json"
     echo "## The server's threads by where their time goes (self time by library: the kernel is the socket work)"
     perf report -i "$work/perf.data" --stdio --no-children --pid "$server" --sort comm,dso -g none 2>/dev/null \
         | grep -v '^#' | grep -v '^$' | head -12
+    echo
+    echo "## Where a frame's µs go (benches/profile-split.py: the samples' call chains, scaled to the run's server CPU)"
+    benches/profile-split.py "$work/perf.data" "$server" \
+        "$(grep -o '"server_cpu_s":[0-9.]*' "$work/load.log" | head -1 | cut -d: -f2)" \
+        "$(grep -o '"deliveries": *[0-9]*' "$work/fanout.json" | head -1 | grep -o '[0-9]*$')"
     echo
     echo "## The server process, call chains (frame pointers: whole in the kernel, cut short in Rust code)"
     perf report -i "$work/perf.data" --stdio --no-children --pid "$server" --sort sym -g caller,0.5,callee,function,percent --percent-limit 1.5 2>/dev/null \
