@@ -101,14 +101,16 @@ pub struct Written<S> {
     pushes: Option<Pushes>,
 }
 
+/// Queue slots the writer keeps for the next drain (a burst's are let go).
+const KEPT_PUSHES: usize = 16;
+
 /// A WebSocket connection's pushes, encoded here as they are taken: before
 /// the session is polled, so whatever was queued before a reply is written
 /// before it.
 struct Pushes {
     outbox: Arc<Outbox>,
-    /// Taken from the outbox (swapped: its allocation is reused).
+    /// Taken from the outbox (swapped: a small allocation is reused).
     taken: VecDeque<Queued>,
-    encoded: BytesMut,
 }
 
 impl<S> Written<S> {
@@ -126,7 +128,7 @@ impl<S> Written<S> {
 
     /// Writes the pushes of `outbox` too, closing it when the writer goes.
     pub fn with_pushes(mut self, outbox: Arc<Outbox>) -> Self {
-        self.pushes = Some(Pushes { outbox, taken: VecDeque::new(), encoded: BytesMut::new() });
+        self.pushes = Some(Pushes { outbox, taken: VecDeque::new() });
         self
     }
 }
@@ -136,18 +138,23 @@ impl Pushes {
     /// budget bytes go back as they are copied. The next push wakes `cx`.
     fn encode(&mut self, cx: &Context<'_>) -> Bytes {
         self.outbox.take(cx.waker(), &mut self.taken);
+        let mut encoded = BytesMut::new();
         for (out, _) in self.taken.drain(..) {
             match out {
-                Out::Frame(frame) => Parser::write_message(&mut self.encoded, &*frame, OpCode::Text, true, false),
+                Out::Frame(frame) => Parser::write_message(&mut encoded, &*frame, OpCode::Text, true, false),
                 Out::Head(conv) => {
                     if let Some(head) = self.outbox.take_head(&conv) {
                         let frame = push_head(conv.as_str(), head);
-                        Parser::write_message(&mut self.encoded, frame, OpCode::Text, true, false);
+                        Parser::write_message(&mut encoded, frame, OpCode::Text, true, false);
                     }
                 }
             }
         }
-        self.encoded.split().freeze()
+        // A burst's queue slots are let go: an idle connection keeps a few.
+        if self.taken.capacity() > KEPT_PUSHES {
+            self.taken = VecDeque::new();
+        }
+        encoded.freeze()
     }
 }
 
