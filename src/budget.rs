@@ -70,6 +70,11 @@ impl Permit {
         taken
     }
 
+    /// The bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Gives `n` of its bytes back (at most all of them).
     pub fn shrink(&mut self, n: usize) {
         let n = n.min(self.bytes);

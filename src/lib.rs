@@ -78,12 +78,12 @@
 //!                                  past the backlog a `Missed` notice)
 //!         │ mpsc (unbounded; the backlog is counted)
 //!         ▼
-//!  delivery-0 … delivery-K       5 encode once; try_send Push::Frame to each
-//!                                  receiving device's session
-//!         │ actix mailbox
+//!  delivery-0 … delivery-K       5 encode once; queue the shared frame in
+//!                                  each receiving device's outbox
+//!         │ outbox (bounded), one wakeup of an idle writer
 //!         ▼
 //!  HTTP worker(s)                6 the sender's session writes the ack, each
-//!                                  receiver's session its push
+//!                                  receiver's socket writer its pushes
 //! ```
 //!
 //! On a node of a cluster, hop 4 also hands the batch to the `bus` thread

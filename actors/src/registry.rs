@@ -215,9 +215,17 @@ where
     /// clones taken under the user's shard read lock, no guard returned, so
     /// the caller may push to them freely. Empty if the user has none.
     pub fn routes_of(&self, user: &UserId) -> Vec<(DeviceId, Route<R>)> {
-        match self.users.get(user) {
-            Some(devices) => devices.iter().map(|(device, route)| (device.clone(), route.clone())).collect(),
-            None => Vec::new(),
+        let mut routes = Vec::new();
+        self.routes_of_into(user, &mut routes);
+        routes
+    }
+
+    /// [`Self::routes_of`] into `out` (cleared first), so that fan-out reuses
+    /// one buffer instead of allocating one per user.
+    pub fn routes_of_into(&self, user: &UserId, out: &mut Vec<(DeviceId, Route<R>)>) {
+        out.clear();
+        if let Some(devices) = self.users.get(user) {
+            out.extend(devices.iter().map(|(device, route)| (device.clone(), route.clone())));
         }
     }
 

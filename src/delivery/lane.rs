@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, OnceLock};
 
-use imcore_actors::registry::ConnId;
+use imcore_actors::registry::{ConnId, Route};
 use imcore_actors::{ConvId, DeviceId, UserId};
 use tokio::sync::oneshot;
 
 use super::presence::{Batch, Loaded, Presence, Step};
-use super::Routes;
+use super::{Conn, Routes};
 use crate::domain::{DeliveryMode, Event, EventKind};
 use crate::protocol::{encode_event, push_encoded_events, push_members_changed};
 use crate::store::{Appended, Membership};
@@ -125,12 +125,14 @@ pub(super) struct Lane {
     routes: Arc<Routes>,
     counts: Arc<LaneCounts>,
     presence: Presence<Seen>,
+    /// One user's routes at a time, reused (no allocation per recipient).
+    scratch: Vec<(DeviceId, Route<Conn>)>,
 }
 
 impl Lane {
     /// A user whose snapshot is loading keeps up to `backlog` batches.
     pub(super) fn new(routes: Arc<Routes>, counts: Arc<LaneCounts>, backlog: usize) -> Self {
-        Self { routes, counts, presence: Presence::new(backlog) }
+        Self { routes, counts, presence: Presence::new(backlog), scratch: Vec::new() }
     }
 
     /// Ends when every sender is dropped.
@@ -226,7 +228,7 @@ impl Lane {
 
     /// Pushes `job` as `steps` say: users to resync are closed, the others
     /// get the events they see (`pull`: one `head`).
-    fn push(&self, job: &Job, steps: Vec<(UserId, Step)>) {
+    fn push(&mut self, job: &Job, steps: Vec<(UserId, Step)>) {
         let a = &job.appended;
         let mut groups: HashMap<Vec<usize>, Vec<UserId>> = HashMap::new();
         for (user, step) in steps {
@@ -293,7 +295,7 @@ impl Lane {
     /// One frame for everyone, except that a device never gets its own
     /// messages pushed back (its ack answered it): its frame is spliced from
     /// the same encoded events, without its own.
-    fn send_events(&self, job: &Job, indices: &[usize], users: &[UserId]) {
+    fn send_events(&mut self, job: &Job, indices: &[usize], users: &[UserId]) {
         let (conv, events) = (job.appended.conv_id.as_str(), &job.appended.events);
         fn sent_by(e: &Event) -> Option<(&UserId, &DeviceId)> {
             match &e.kind {
@@ -301,12 +303,16 @@ impl Lane {
                 _ => None,
             }
         }
+        let senders: Vec<&UserId> = indices.iter().filter_map(|&i| sent_by(&events[i]).map(|(u, _)| u)).collect();
+        let encoded = job.encoded.get_or_init(|| events.iter().map(encode_event).collect());
         let mut shared: Option<Arc<str>> = None;
+        let mut routes = std::mem::take(&mut self.scratch);
         for user in users {
-            for (device, route) in self.routes.routes_of(user) {
-                let encoded = job.encoded.get_or_init(|| events.iter().map(encode_event).collect());
+            self.routes.routes_of_into(user, &mut routes);
+            let sends = senders.contains(&user);
+            for (device, route) in routes.drain(..) {
                 let own = |i: usize| sent_by(&events[i]) == Some((user, &device));
-                let frame = if indices.iter().any(|&i| own(i)) {
+                let frame = if sends && indices.iter().any(|&i| own(i)) {
                     let rest: Vec<&str> = indices.iter().filter(|&&i| !own(i)).map(|&i| encoded[i].as_str()).collect();
                     if rest.is_empty() {
                         continue;
@@ -323,5 +329,6 @@ impl Lane {
                 route.recipient.send(frame);
             }
         }
+        self.scratch = routes;
     }
 }

@@ -7,12 +7,14 @@
 //! Invariant: nothing here blocks or awaits on a connection (bounded mailbox;
 //! an overflow or a push over the memory budget closes it, the client syncs).
 //! Recipients come from what each lane keeps of its online users, never from
-//! a member list. `conn`: a connection's pushes and close; `presence`: a
-//! lane's online users (pure); `lane`: a lane's thread; `order`: seq order.
+//! a member list. `conn`: a connection's pushes and close; `outbox`: its
+//! queue to the socket writer; `presence`: a lane's online users (pure);
+//! `lane`: a lane's thread; `order`: seq order.
 
 mod conn;
 mod lane;
 mod order;
+mod outbox;
 mod presence;
 
 use std::collections::HashSet;
@@ -37,6 +39,7 @@ pub use lane::Signal;
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
 pub use order::REORDER_WAIT;
 use order::{Admitted, Reorder};
+pub use outbox::{Out, Outbox, Queued};
 
 /// Fan-out runs on a few delivery threads ("lanes", `DeliverySettings::lanes`),
 /// never on a conversation actor's thread, so encoding and pushing a batch

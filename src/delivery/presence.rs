@@ -218,7 +218,13 @@ impl<B: Clone> Presence<B> {
             }
         }
         period.seen_up_to = period.seen_up_to.max(last);
-        convs.insert(batch.conv.clone(), period);
+        // In place when known: no clone of the batch's id, which every lane shares.
+        match convs.get_mut(batch.conv) {
+            Some(known) => *known = period,
+            None => {
+                convs.insert(batch.conv.clone(), period);
+            }
+        }
         if known.is_none() {
             self.periods += 1;
             self.trackers.entry(batch.conv.clone()).or_default().insert(user.clone());

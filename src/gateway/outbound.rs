@@ -4,17 +4,23 @@
 //! refuses read requests `OVERLOADED` before they run; the bytes of their
 //! replies are charged to the memory budget until written (ARCHITECTURE §5).
 //! An HTTP read's reply is charged the same way, on an uncapped `Outbound`.
+//! The writer also drains the connection's pushes from its [`Outbox`].
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::mem;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use actix_web::web::Bytes;
+use actix_http::ws::{OpCode, Parser};
+use actix_web::web::{Bytes, BytesMut};
 use futures_util::Stream;
 
 use crate::budget::{MemoryBudget, Permit};
+use crate::delivery::{Out, Outbox, Queued};
+use crate::protocol::push_head;
 
 /// actix-http's write buffer (its default, kept): the writer asks for the
 /// next piece only once less than this is left unwritten.
@@ -86,15 +92,77 @@ pub struct Written<S> {
     outbound: Rc<Outbound>,
     /// The rest of the chunk being handed over.
     pending: Bytes,
+    /// A session chunk that came with pushes, handed over after them.
+    later: Bytes,
     /// Bytes of the last piece handed over.
     handed: usize,
     /// Reply bytes charged for the chunk being handed over.
     chunk_replies: usize,
+    pushes: Option<Pushes>,
+}
+
+/// Queue slots the writer keeps for the next drain (a burst's are let go).
+const KEPT_PUSHES: usize = 16;
+
+/// A WebSocket connection's pushes, encoded here as they are taken: before
+/// the session is polled, so whatever was queued before a reply is written
+/// before it.
+struct Pushes {
+    outbox: Arc<Outbox>,
+    /// Taken from the outbox (swapped: a small allocation is reused).
+    taken: VecDeque<Queued>,
 }
 
 impl<S> Written<S> {
     pub fn new(inner: S, outbound: Rc<Outbound>) -> Self {
-        Self { inner: Box::pin(inner), outbound, pending: Bytes::new(), handed: 0, chunk_replies: 0 }
+        Self {
+            inner: Box::pin(inner),
+            outbound,
+            pending: Bytes::new(),
+            later: Bytes::new(),
+            handed: 0,
+            chunk_replies: 0,
+            pushes: None,
+        }
+    }
+
+    /// Writes the pushes of `outbox` too, closing it when the writer goes.
+    pub fn with_pushes(mut self, outbox: Arc<Outbox>) -> Self {
+        self.pushes = Some(Pushes { outbox, taken: VecDeque::new() });
+        self
+    }
+}
+
+impl Pushes {
+    /// Every queued push as WebSocket text frames (empty if none); their
+    /// budget bytes go back as they are copied. The next push wakes `cx`.
+    fn encode(&mut self, cx: &Context<'_>) -> Bytes {
+        self.outbox.take(cx.waker(), &mut self.taken);
+        let mut encoded = BytesMut::new();
+        for (out, _) in self.taken.drain(..) {
+            match out {
+                Out::Frame(frame) => Parser::write_message(&mut encoded, &*frame, OpCode::Text, true, false),
+                Out::Head(conv) => {
+                    if let Some(head) = self.outbox.take_head(&conv) {
+                        let frame = push_head(conv.as_str(), head);
+                        Parser::write_message(&mut encoded, frame, OpCode::Text, true, false);
+                    }
+                }
+            }
+        }
+        // A burst's queue slots are let go: an idle connection keeps a few.
+        if self.taken.capacity() > KEPT_PUSHES {
+            self.taken = VecDeque::new();
+        }
+        encoded.freeze()
+    }
+}
+
+impl<S> Drop for Written<S> {
+    fn drop(&mut self) {
+        if let Some(p) = &self.pushes {
+            p.outbox.close();
+        }
     }
 }
 
@@ -110,15 +178,29 @@ where
         o.buffered.set(o.buffered.get().saturating_sub(this.handed));
         this.handed = 0;
         while this.pending.is_empty() {
+            if !this.later.is_empty() {
+                this.pending = mem::take(&mut this.later);
+                break;
+            }
             o.charge.borrow_mut().shrink(this.chunk_replies);
             this.chunk_replies = 0;
+            let pushed = this.pushes.as_mut().map(|p| p.encode(cx)).unwrap_or_default();
+            o.buffered.set(o.buffered.get() + pushed.len());
             match this.inner.as_mut().poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
                     this.chunk_replies = o.in_context.replace(0);
                     o.buffered.set(o.buffered.get() + chunk.len());
-                    this.pending = chunk;
+                    if pushed.is_empty() {
+                        this.pending = chunk;
+                    } else {
+                        (this.pending, this.later) = (pushed, chunk);
+                    }
                 }
-                other => return other,
+                Poll::Pending if !pushed.is_empty() => this.pending = pushed,
+                other => {
+                    o.buffered.set(o.buffered.get().saturating_sub(pushed.len()));
+                    return other;
+                }
             }
         }
         let piece = this.pending.split_to(this.pending.len().min(PIECE));

@@ -7,13 +7,14 @@
 //! the token is accepted, the route registered when the actor starts and
 //! removed by compare-and-remove when it stops (P7).
 //! Bounded per connection: requests in flight (`ws.max_inflight`) and doing
-//! database work (`ws.max_concurrent`), pushes in the mailbox (`ws.mailbox`;
+//! database work (`ws.max_concurrent`), pushes in the outbox (`ws.mailbox`;
 //! overflow closes with 1013) and in the memory budget, unwritten read replies
 //! (`ws.max_unwritten_bytes`, `outbound`); a ping every `ws_ping_ms`, silence
 //! for `ws_timeout_ms` closes. Why: ARCHITECTURE §5.
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Handler, Message, StreamHandler, WrapFuture};
@@ -30,9 +31,9 @@ use super::ops::{self, Reply};
 use super::outbound::{Outbound, Written};
 use super::request::Request;
 use super::{auth, AppState};
-use crate::delivery::{Conn, KickReason, Push};
+use crate::delivery::{Conn, KickReason, Outbox, Push};
 use crate::metrics::metrics;
-use crate::protocol::{push_head, push_kicked, reply_frame, ErrorCode};
+use crate::protocol::{push_kicked, reply_frame, ErrorCode};
 use crate::store::TokenOwner;
 
 /// `GET /v1/ws`: authenticates before upgrading (401 otherwise).
@@ -59,6 +60,7 @@ pub async fn upgrade(
     let fault = Rc::new(Cell::new(None));
     let stream = FrameLimit::new(stream, max_frame, fault.clone());
     let outbound = Outbound::new(state.config.ws.max_unwritten_bytes, &state.budget);
+    let outbox = Outbox::new(state.config.ws.mailbox, &state.budget);
     let session = WsSession {
         state: state.clone(),
         owner,
@@ -70,16 +72,16 @@ pub async fn upgrade(
         closing: None,
         fragments: None,
         fault,
-        conn: None,
         online: false,
         outbound: outbound.clone(),
+        outbox: outbox.clone(),
         _user_slot: user_slot,
     };
     // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
     let mut response =
         ws::handshake(&req).map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
     let frames = ws::WebsocketContext::with_codec(session, stream, actix_http::ws::Codec::new().max_size(max_frame));
-    let response = response.streaming(Written::new(frames, outbound));
+    let response = response.streaming(Written::new(frames, outbound).with_pushes(outbox));
     metrics().ws_accepted.inc();
     Ok(response)
 }
@@ -103,13 +105,12 @@ pub struct WsSession {
     /// Set by [`FrameLimit`] when it failed the byte stream: the error that
     /// follows says why (1009 for an oversized frame).
     fault: Rc<Cell<Option<StreamFault>>>,
-    /// This connection as delivery holds it, once started: where its
-    /// `pull`-mode heads wait for their `Push::Head`.
-    conn: Option<Conn>,
     /// Counted online (`AppState::online`): uncounted when it stops.
     online: bool,
     /// What this connection has not yet written to its socket.
     outbound: Rc<Outbound>,
+    /// Its pushes, which its socket writer drains without this actor.
+    outbox: Arc<Outbox>,
     /// This device's place in its user's session cap, given back when the session ends.
     _user_slot: UserSlot,
 }
@@ -118,16 +119,13 @@ impl Actor for WsSession {
     type Context = ws::WebsocketContext<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(self.state.config.ws.mailbox);
         let routes = self.state.delivery.routes();
         let conn = Conn::new(
-            ctx.address().recipient(),
+            (ctx.address().recipient(), self.outbox.clone()),
             routes,
-            self.state.budget.clone(),
             (self.owner.user_id.clone(), self.owner.device_id.clone(), self.conn_id),
         );
         self.state.sessions.insert(self.conn_id, conn.clone());
-        self.conn = Some(conn.clone());
         match routes.register(self.owner.user_id.clone(), self.owner.device_id.clone(), self.conn_id, conn) {
             Registered::New => self.state.delivery.claim(&self.owner.user_id, &self.owner.device_id, self.conn_id),
             Registered::Replaced(prev) => {
@@ -163,6 +161,8 @@ impl Actor for WsSession {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
+        // In the poll that queued its close frame: no push may follow that.
+        self.outbox.close();
         // Compare-and-remove: a newer connection's route stays (P7).
         let delivery = &self.state.delivery;
         if delivery.routes().unregister(&self.owner.user_id, &self.owner.device_id, self.conn_id) {
@@ -429,13 +429,6 @@ impl Handler<Push> for WsSession {
 
     fn handle(&mut self, push: Push, ctx: &mut Self::Context) {
         match push {
-            // Copied into the write buffer: the budget's bytes go back here.
-            Push::Frame(frame, _permit) => ctx.text(&*frame),
-            Push::Head(conv, _permit) => {
-                if let Some(head) = self.conn.as_ref().and_then(|c| c.take_head(&conv)) {
-                    ctx.text(push_head(conv.as_str(), head));
-                }
-            }
             // Counted, and the route removed, when the overflow was found (`Conn::send`).
             Push::Overflowed => {
                 ctx.close(Some(CloseReason {
