@@ -103,10 +103,10 @@ async fn merged_on(
 
 /// The merged transaction of `jobs`: lock and reads, then append. Its request
 /// keys are left to the INSERT's unique index (`ByInsert`, unless the one
-/// round trip just met a taken key); a round that meets one
-/// already used, or that refuses an op holding one (which a replay would have
-/// answered `dup`), runs again reading them under the lock (ARCHITECTURE §3,
-/// "Request keys of a merged round").
+/// round trip just met a taken key); a round that meets one already used, or
+/// that refuses an op holding one (which a replay would have answered `dup`),
+/// runs again reading them under the lock (ARCHITECTURE §3, "Request keys of
+/// a merged round").
 async fn full_path(
     conn: Conn<'_>,
     jobs: Vec<BatchJob>,
