@@ -179,7 +179,8 @@ pub struct StoreSettings {
 
     /// Bytes of recently committed events (and their conversations' member
     /// periods) kept in memory to answer `sync` without PostgreSQL; one
-    /// conversation holds at most a quarter. 0 turns the tail cache off.
+    /// conversation holds at most a quarter, and at the cap the least recently
+    /// read conversations go first. 0 turns the tail cache off.
     #[arg(long, env = "IMCORE_SYNC_TAIL_BYTES", default_value_t = StoreSettings::default().sync_tail_bytes)]
     pub sync_tail_bytes: usize,
 
