@@ -68,6 +68,8 @@ pub struct Metrics {
     pub notify_queue: IntGauge,
     /// Seconds per push gateway request, whatever its answer.
     pub notify_gateway: Histogram,
+    /// The tail in memory (ARCHITECTURE §4), sampled per scrape: see [`sample_tail`].
+    pub sync_tail: IntGaugeVec,
 }
 
 /// `sent` (delivered), `failed` (refused for good), `rejected` (pushkey
@@ -177,6 +179,14 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(notifications.clone()))?;
     registry.register(Box::new(notify_queue.clone()))?;
     registry.register(Box::new(notify_gateway.clone()))?;
+    let sync_tail = IntGaugeVec::new(
+        Opts::new(
+            "sync_tail",
+            "The tail in memory: state=bytes|cap|hits_total|loads_total|coalesced_total|evicted_total",
+        ),
+        &["state"],
+    )?;
+    registry.register(Box::new(sync_tail.clone()))?;
     Ok(Metrics {
         registry,
         requests,
@@ -200,6 +210,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         notifications,
         notify_queue,
         notify_gateway,
+        sync_tail,
     })
 }
 
@@ -250,6 +261,14 @@ pub fn sample_pool(state: bb8::State) {
     set("waited_gets_total", stats.get_waited);
     set("timed_out_gets_total", stats.get_timed_out);
     set("wait_ms_total", u64::try_from(stats.get_wait_time.as_millis()).unwrap_or(u64::MAX));
+}
+
+/// Sets the tail gauges to `state`, what the tail reports of itself now
+/// (`store::Tail::sample`).
+pub fn sample_tail(state: &[(&str, u64)]) {
+    for (name, n) in state {
+        METRICS.sync_tail.with_label_values(&[name]).set(i64::try_from(*n).unwrap_or(i64::MAX));
+    }
 }
 
 /// Counts one request in [`Metrics::requests_running`] while it lives.

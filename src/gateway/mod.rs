@@ -202,6 +202,7 @@ async fn metrics_text(state: web::Data<AppState>, req: HttpRequest) -> Result<Ht
     m.memory_budget.with_label_values(&["in_use"]).set(i64::try_from(state.budget.in_use()).unwrap_or(i64::MAX));
     m.memory_budget.with_label_values(&["limit"]).set(i64::try_from(state.budget.limit()).unwrap_or(i64::MAX));
     crate::metrics::sample_pool(state.store.pool().state());
+    crate::metrics::sample_tail(&state.store.tail().sample());
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(m.render()))
 }
 

@@ -201,6 +201,22 @@ impl Tail {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// For the metrics: bytes held, the cap, and the running totals of
+    /// `sync`s answered from memory, ring loads, `sync`s that waited for
+    /// another's load, and rings dropped at the cap.
+    pub fn sample(&self) -> [(&'static str, u64); 6] {
+        let c = &self.counts;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("bytes", self.used() as u64),
+            ("cap", self.cap as u64),
+            ("hits_total", n(&c.hits)),
+            ("loads_total", n(&c.loads)),
+            ("coalesced_total", n(&c.coalesced)),
+            ("evicted_total", n(&c.evicted)),
+        ]
+    }
+
     /// Answers `req` from its conversation's ring if the page lies inside it;
     /// without one, waits for or starts a load only if `may_load`.
     pub(super) fn lookup(&self, req: &SyncRequest, may_load: bool) -> Lookup {

@@ -43,16 +43,6 @@ async fn fill(ws: &mut Ws, conv: &str, count: usize, bytes: usize) {
     }
 }
 
-/// A sample of `/metrics`, if the series is there.
-async fn metric(s: &TestServer, series: &str) -> Option<f64> {
-    let (_, m) = s.http("GET", "/metrics", None, None).await;
-    m.as_str()?
-        .lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-}
-
 fn p99(mut ms: Vec<f64>) -> f64 {
     ms.sort_by(f64::total_cmp);
     let rank = ((ms.len() as f64) * 0.99).ceil() as usize;
@@ -63,7 +53,7 @@ fn p99(mut ms: Vec<f64>) -> f64 {
 async fn metric_until(s: &TestServer, series: &str, value: f64, wait: Duration) -> Option<f64> {
     let deadline = Instant::now() + wait;
     loop {
-        let now = metric(s, series).await;
+        let now = s.metric(series).await;
         if now == Some(value) || Instant::now() >= deadline {
             return now;
         }
@@ -104,9 +94,9 @@ async fn never_reading_syncs(
 async fn pool_after(s: &TestServer) -> (Option<f64>, Option<f64>) {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let connections = metric(s, "imcore_db_pool{state=\"connections\"}").await;
-        let idle = metric(s, "imcore_db_pool{state=\"idle\"}").await;
-        let in_use = metric(s, "imcore_db_pool{state=\"in_use\"}").await;
+        let connections = s.metric("imcore_db_pool{state=\"connections\"}").await;
+        let idle = s.metric("imcore_db_pool{state=\"idle\"}").await;
+        let in_use = s.metric("imcore_db_pool{state=\"in_use\"}").await;
         let checked_out = connections.zip(idle).map(|(c, i)| c - i);
         if (checked_out == Some(0.0) && in_use == Some(0.0)) || Instant::now() >= deadline {
             return (checked_out, in_use);
@@ -173,9 +163,9 @@ async fn a_client_that_never_reads_its_sync_replies_does_not_starve_the_pool() {
     // Another user, as soon as the attack's frames are sent and while the
     // work taken on for the attacker still runs: sequential reads and sends,
     // each timed.
-    let running_before = metric(&s, "imcore_requests_running").await;
+    let running_before = s.metric("imcore_requests_running").await;
     let (latencies_ms, failures) = timed_requests(&mut victim, &conv, SAMPLES).await;
-    let running_after = metric(&s, "imcore_requests_running").await;
+    let running_after = s.metric("imcore_requests_running").await;
     let answered = latencies_ms.len();
     let p99_ms = if failures.is_empty() { p99(latencies_ms) } else { f64::INFINITY };
     let during_attack = running_before.is_some_and(|n| n > 0.0);

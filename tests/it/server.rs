@@ -69,6 +69,16 @@ impl TestServer {
         http_raw(self.port, method, path, token, body.as_deref()).await
     }
 
+    /// A sample of `/metrics`, if the series is there.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let (_, m) = self.http("GET", "/metrics", None, None).await;
+        m.as_str()?
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+    }
+
     pub async fn admin(&self, path: &str, body: Value) -> (u16, Value) {
         self.http("POST", path, Some(ADMIN), Some(&body)).await
     }
