@@ -43,16 +43,6 @@ fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-/// A sample of `/metrics` (from another address than the attacks', `None` when absent).
-async fn metric(s: &TestServer, series: &str) -> Option<f64> {
-    let (_, m) = s.http("GET", "/metrics", None, None).await;
-    m.as_str()?
-        .lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-}
-
 /// Waits until `f()` is true or `wait` passes; whether it became true.
 async fn until(wait: Duration, f: impl Fn() -> bool) -> bool {
     let deadline = Instant::now() + wait;
@@ -432,11 +422,11 @@ async fn unread_syncs(s: &TestServer, devices: usize, syncs: usize) -> Value {
         futures_util::future::join_all(tokens.iter().map(|t| never_reading(s.port, t, &attacked, syncs))).await;
     let (latency, victim_failed) = victim(&mut ana, &conv, "us", 100).await;
     // The work taken on for the attackers finishes although nothing is read.
-    let mut running = metric(s, "imcore_requests_running").await;
+    let mut running = s.metric("imcore_requests_running").await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while running != Some(0.0) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        running = metric(s, "imcore_requests_running").await;
+        running = s.metric("imcore_requests_running").await;
     }
     let held_at_rest = s.state.budget.in_use();
     stop.store(true, Ordering::Relaxed);
