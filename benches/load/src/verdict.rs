@@ -22,6 +22,30 @@ pub fn run_in_process(command: &str, run: impl Future<Output = Result<Vec<String
     }
 }
 
+/// Runs a benchmark `run` that drives servers from outside on a
+/// multi-threaded tokio runtime, and exits as [`exit_code`] says (or with
+/// failure and the error).
+pub fn run_on_runtime<E: std::fmt::Display>(
+    command: &str,
+    run: impl Future<Output = Result<Vec<String>, E>>,
+) -> ExitCode {
+    imcore::telemetry::init("warn");
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{command}: runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run) {
+        Ok(failed) => exit_code(command, &failed),
+        Err(e) => {
+            eprintln!("{command}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Names of the runs whose `verified` is not `true`.
 pub fn unverified(runs: &[Value]) -> Vec<String> {
     runs.iter().filter(|r| r["verified"] != true).map(name).collect()

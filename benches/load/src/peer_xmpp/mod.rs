@@ -63,20 +63,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> std::process::ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("imcore-load peer-xmpp: runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(failed) => crate::verdict::exit_code("imcore-load peer-xmpp", &failed),
-        Err(e) => {
-            eprintln!("imcore-load peer-xmpp: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    crate::verdict::run_on_runtime("imcore-load peer-xmpp", run(args))
 }
 
 /// The peer's one process (a BEAM node is one OS process).

@@ -158,21 +158,7 @@ impl Args {
 }
 
 pub fn main(args: Args) -> std::process::ExitCode {
-    imcore::telemetry::init("warn");
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("imcore-load ws: runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(failed) => crate::verdict::exit_code("imcore-load ws", &failed),
-        Err(e) => {
-            eprintln!("imcore-load ws: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    crate::verdict::run_on_runtime("imcore-load ws", run(args))
 }
 
 struct Ctx {
