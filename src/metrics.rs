@@ -70,6 +70,9 @@ pub struct Metrics {
     pub notify_gateway: Histogram,
     /// The tail in memory (ARCHITECTURE §4), sampled per scrape: see [`sample_tail`].
     pub sync_tail: IntGaugeVec,
+    /// `sync` pages read from PostgreSQL, by `from`: `standby`, or the
+    /// primary and why (ARCHITECTURE §6, "History reads from a standby").
+    pub sync_reads: IntCounterVec,
 }
 
 /// `sent` (delivered), `failed` (refused for good), `rejected` (pushkey
@@ -187,6 +190,15 @@ fn build() -> Result<Metrics, prometheus::Error> {
         &["state"],
     )?;
     registry.register(Box::new(sync_tail.clone()))?;
+    let sync_reads = IntCounterVec::new(
+        Opts::new(
+            "sync_reads_total",
+            "sync pages read from PostgreSQL: from=standby|primary|primary_head_unknown|primary_standby_behind|\
+             primary_standby_unavailable",
+        ),
+        &["from"],
+    )?;
+    registry.register(Box::new(sync_reads.clone()))?;
     Ok(Metrics {
         registry,
         requests,
@@ -211,6 +223,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         notify_queue,
         notify_gateway,
         sync_tail,
+        sync_reads,
     })
 }
 

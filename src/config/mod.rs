@@ -184,6 +184,12 @@ pub struct StoreSettings {
     #[arg(long, env = "IMCORE_SYNC_TAIL_BYTES", default_value_t = StoreSettings::default().sync_tail_bytes)]
     pub sync_tail_bytes: usize,
 
+    /// A hot standby (or several hosts) for `sync` pages it has replayed
+    /// far enough; the pool has as many connections as the primary's. Unset:
+    /// every read goes to the primary (ARCHITECTURE §6).
+    #[arg(long, env = "IMCORE_STANDBY_URL", hide_env_values = true)]
+    pub standby_url: Option<String>,
+
     #[command(flatten)]
     pub large_groups: LargeGroupSettings,
 }
@@ -202,6 +208,7 @@ impl Default for StoreSettings {
             pool_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
             sync_tail_bytes: 64 * 1024 * 1024,
+            standby_url: None,
             large_groups: LargeGroupSettings::default(),
         }
     }

@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 
 use crate::config::DeliverySettings;
 use crate::metrics::metrics;
-use crate::store::{Appended, Membership};
+use crate::store::{Appended, Heads, Membership};
 pub use conn::{Conn, KickReason, Push, Routes};
 pub use lane::Signal;
 use lane::{Job, Lane, LaneCounts, LaneInput, Missed};
@@ -60,6 +60,9 @@ pub struct Delivery {
     /// The other nodes, once this one joined a cluster; unset on a single
     /// node, which then pays one load of this cell per batch.
     peers: OnceLock<Arc<dyn Peers>>,
+    /// Noted before a peer's batch is delivered: a device that then syncs
+    /// reads a standby only once it has that batch (ARCHITECTURE §6).
+    heads: Arc<Heads>,
     /// With peers: batches of one conversation from here and from the bus,
     /// back in seq order.
     reorder: Reorder,
@@ -133,7 +136,7 @@ pub struct Tracked {
 }
 
 impl Delivery {
-    pub fn new(routes: Arc<Routes>, settings: &DeliverySettings) -> Self {
+    pub fn new(routes: Arc<Routes>, heads: Arc<Heads>, settings: &DeliverySettings) -> Self {
         let lanes = (0..settings.lanes.max(1))
             .map(|lane| {
                 let (input, inputs) = channel::<LaneInput>();
@@ -153,6 +156,7 @@ impl Delivery {
             backlog: settings.backlog,
             held: DashMap::new(),
             peers: OnceLock::new(),
+            heads,
             reorder: Reorder::new(Instant::now()),
             online_elsewhere: DashMap::new(),
             routed_elsewhere: DashMap::new(),
@@ -282,6 +286,7 @@ impl Delivery {
 
     /// A batch another node committed: to the lanes like one of ours.
     pub fn from_peer(&self, appended: Appended) {
+        self.heads.saw(&appended.conv_id, appended.head);
         if !appended.events.is_empty() {
             self.admit(Arc::new(Job::new(appended)));
         }

@@ -136,6 +136,24 @@ impl AppState {
     /// Queued before returning when the gate knows the caller (P6); else
     /// behind the caller's other ops to `conv` waiting for the same check.
     pub fn write(&self, conv: ConvId, op: WriteOp) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
+        // A write answered by its home elsewhere: its seq is committed before
+        // its batch may have come over the bus (a standby read must have it).
+        let heads = self.bus.is_some().then(|| (self.store.heads().clone(), conv.clone()));
+        let written = self.write_through_gate(conv, op);
+        async move {
+            let written = written.await;
+            if let (Some((heads, conv)), Some(seq)) = (heads, written.as_ref().ok().and_then(Written::seq)) {
+                heads.saw(&conv, seq);
+            }
+            written
+        }
+    }
+
+    fn write_through_gate(
+        &self,
+        conv: ConvId,
+        op: WriteOp,
+    ) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
         let Some(user) = op.caller().cloned() else {
             // The operator's (a ban, from the admin endpoint): nobody to turn away.
             return Either::Left(write_at_home(self.bus.as_deref(), &self.writer, conv, op));

@@ -304,6 +304,7 @@ impl Store {
         // the commit (a retry would create a second group).
         let info = read_conversation(&tx, &conv_id, creator).await?;
         tx.commit().await?;
+        self.heads.saw(&conv_id, written.appended.head);
         let members_summary = written.appended.members_summary;
         Ok(CreatedConversation { info, created: true, events: written.appended.events, members_summary })
     }
@@ -327,6 +328,8 @@ impl Store {
             .await?
             .ok_or(Rejection::NotFound("conversation".into()))?;
         self.tail.forget(conv);
+        // Until its next commit, which a standby replays after the bump.
+        self.heads.forget(conv);
         Ok(row.get(0))
     }
 }

@@ -16,6 +16,7 @@ mod commit_stage;
 mod connection;
 mod conversations;
 mod error;
+mod heads;
 mod inbox;
 mod members;
 mod migrate;
@@ -28,6 +29,7 @@ mod read;
 mod retention;
 mod signals;
 mod since_token;
+mod standby;
 mod sync;
 mod tail;
 mod write;
@@ -63,6 +65,7 @@ pub use write::{
 };
 
 pub use connection::{Pool, PooledClient};
+pub use heads::{Heads, KNOWN_HEADS_CAP};
 
 /// Session settings for every pooled connection. A transaction that holds a
 /// conversation row lock must never wait forever (ARCHITECTURE §3, faults).
@@ -80,6 +83,10 @@ pub struct Store {
     large_groups: LargeGroupSettings,
     /// Recent events of hot conversations, for `sync` (ARCHITECTURE §4).
     tail: Arc<Tail>,
+    /// What this node knows committed, per conversation (ARCHITECTURE §6).
+    heads: Arc<Heads>,
+    /// Where history reads go when it has replayed far enough.
+    standby: Option<Arc<standby::Standby>>,
 }
 
 impl Store {
@@ -90,28 +97,18 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, settings: &StoreSettings) -> Result<Self, StoreError> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(StoreError::InvalidUrl)?;
-        if config.get_options().is_none() {
-            config.options(SESSION_OPTIONS);
-        }
-        if config.get_application_name().is_none() {
-            config.application_name("imcore");
-        }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(settings.connect_timeout());
-        }
-        let builder = bb8::Pool::builder()
-            .max_size(settings.pool_size)
-            .connection_timeout(settings.pool_timeout())
-            // Checks, without a round trip, that the connection is not known
-            // closed (`connection::Manager::is_valid`).
-            .test_on_check_out(true);
-        let pool = Pool::build(builder, config, settings.connect_timeout()).await?;
+        let pool = pool_on(url, settings).await?;
+        let standby = match &settings.standby_url {
+            Some(url) => Some(Arc::new(standby::Standby::new(pool_on(url, settings).await?))),
+            None => None,
+        };
         Ok(Self {
             pool,
             commit_stage: None,
             large_groups: settings.large_groups,
             tail: Arc::new(Tail::new(settings.sync_tail_bytes)),
+            heads: Arc::default(),
+            standby,
         })
     }
 
@@ -122,9 +119,21 @@ impl Store {
         self
     }
 
-    /// The tail cache `sync` reads first; delivery fills it too.
+    /// The tail cache `sync` reads first.
     pub fn tail(&self) -> &Arc<Tail> {
         &self.tail
+    }
+
+    /// The heads known committed here; delivery notes other nodes' batches.
+    pub fn heads(&self) -> &Arc<Heads> {
+        &self.heads
+    }
+
+    /// After a batch committed, before its acks and its delivery: a caller
+    /// that syncs after either finds its events (in the tail, on a standby).
+    fn committed(&self, appended: &Appended) {
+        self.tail.committed(appended);
+        self.heads.saw(&appended.conv_id, appended.head);
     }
 
     pub fn pool(&self) -> &Pool {
@@ -139,4 +148,25 @@ impl Store {
         primary.is_ok_and(|rows| rows.first().is_some_and(|r| r.try_get(0).unwrap_or(false)))
             && migrate::up_to_date(&**c).await.unwrap_or(false)
     }
+}
+
+/// A pool on `url` (the primary's, or the standby's) with the session settings.
+async fn pool_on(url: &str, settings: &StoreSettings) -> Result<Pool, StoreError> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(StoreError::InvalidUrl)?;
+    if config.get_options().is_none() {
+        config.options(SESSION_OPTIONS);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("imcore");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(settings.connect_timeout());
+    }
+    let builder = bb8::Pool::builder()
+        .max_size(settings.pool_size)
+        .connection_timeout(settings.pool_timeout())
+        // Checks, without a round trip, that the connection is not known
+        // closed (`connection::Manager::is_valid`).
+        .test_on_check_out(true);
+    Ok(Pool::build(builder, config, settings.connect_timeout()).await?)
 }

@@ -27,7 +27,7 @@ impl ConversationStore for Store {
                 None => store.write_job(BatchJob { conv, cache, ops }).await?,
             };
             // Before the acks: a caller that syncs after its ack finds its events.
-            store.tail.committed(&written.appended);
+            store.committed(&written.appended);
             crate::metrics::observe_batch(written.outcomes.len());
             let appended = written.appended.events.len();
             Ok(BatchCommitted { outcomes: written.outcomes, cache, committed: written.appended, appended })

@@ -6,10 +6,12 @@
 
 use std::collections::HashMap;
 
+use bb8::PooledConnection;
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
+use super::connection::Manager;
 use super::error::decoded;
 use super::{Store, StoreError};
 use crate::config::SYNC_DEFAULT_MAX_BYTES;
@@ -80,8 +82,10 @@ pub struct ReactionCount {
 
 /// A former member's head is where its last period ended: later activity is
 /// none of its business (PROTOCOL §5 `get_conversation`).
+/// Its fourth column is the conversation's head whoever asks (how far a
+/// standby has replayed it).
 const HEADER: &str = "
-SELECT least(c.next_seq - 1, p.to_seq), c.min_seq, c.epoch
+SELECT least(c.next_seq - 1, p.to_seq), c.min_seq, c.epoch, c.next_seq - 1
   FROM conversations c
  CROSS JOIN LATERAL (SELECT to_seq FROM membership_periods p
                       WHERE p.conv_id = c.conv_id AND p.user_id = $2 ORDER BY from_seq DESC LIMIT 1) p
@@ -150,58 +154,72 @@ SELECT e.* FROM membership_periods p
 
 impl Store {
     /// The page from PostgreSQL whatever the tail holds (the reference the
-    /// tail's answers are tested against).
+    /// tail's answers are tested against): from the standby when it can
+    /// answer it, else from the primary.
     pub async fn sync_sql(&self, req: &SyncRequest) -> Result<SyncPage, StoreError> {
-        let conn = self.pool.get().await?;
-        let (conv, user) = (req.conv.as_str(), req.user.as_str());
-        // The header is read first: every event up to this head committed with
-        // (or before) the `next_seq` we read, so the page below sees all of them.
-        let header = conn
-            .query_prepared_opt(HEADER, &[(&conv, Type::TEXT), (&user, Type::TEXT)])
-            .await?
-            .ok_or(Rejection::NotMember)?;
-        let (head, min_seq, epoch): (i64, i64, i32) = (header.get(0), header.get(1), header.get(2));
-        if req.epoch.is_some_and(|e| e != epoch) {
-            return Err(Rejection::EpochChanged { epoch, min_seq }.into());
+        if let Some(page) = self.sync_on_standby(req).await {
+            return Ok(page);
         }
-        let fetch = req.limit.clamp(1, SYNC_MAX_LIMIT) + 1;
-        // A page forward from `after_seq` or backward below `before_seq`: the
-        // same parameters, and backward also takes `$6`, min_seq.
-        let (sql, bound, n) = match req.before_seq {
-            Some(before) => (SYNC_BACKWARD, before, 6),
-            None => (SYNC_FORWARD, req.after_seq.unwrap_or(0).max(0).max(min_seq - 1), 5),
-        };
-        let params = [
-            (&conv as &(dyn ToSql + Sync), Type::TEXT),
-            (&user, Type::TEXT),
-            (&bound, Type::INT8),
-            (&head, Type::INT8),
-            (&fetch, Type::INT8),
-            (&min_seq, Type::INT8),
-        ];
-        let rows = conn.query_prepared(sql, &params[..n]).await?;
-        drop(conn);
-        let decoded = rows.iter().map(|r| {
-            let reactions = match r.get::<_, Option<&str>>(REACTIONS_AT) {
-                Some(json) => Some(serde_json::from_str(json).map_err(|_| StoreError::Undecodable("reactions"))?),
-                None => None,
-            };
-            Ok((event_from_row(&req.conv, r)?, reactions))
-        });
-        if req.before_seq.is_none() {
-            return forward_page(req, (head, min_seq, epoch), decoded);
-        }
-        // Backward rows come newest first, so the budget keeps the events
-        // nearest `before_seq`.
-        let mut page = empty_page(head, min_seq, epoch);
-        let limit = (fetch - 1) as usize;
-        let cut = fill_within_budget(&mut page, decoded.take(limit), req.max_bytes)?;
-        page.has_more = cut || rows.len() > limit;
-        page.events.reverse();
-        page.next_before = page.events.first().map(|e| e.seq);
-        page.next_after = page.events.last().map_or(bound.min(head + 1) - 1, |e| e.seq);
+        let (page, _) = read_page(self.pool.get().await?, req).await?;
         Ok(page)
     }
+}
+
+/// `req`'s page read on `conn`, and the conversation's head there (how far
+/// that server has it).
+pub(super) async fn read_page(
+    conn: PooledConnection<'_, Manager>,
+    req: &SyncRequest,
+) -> Result<(SyncPage, i64), StoreError> {
+    let (conv, user) = (req.conv.as_str(), req.user.as_str());
+    // The header is read first: every event up to this head committed with
+    // (or before) the `next_seq` we read, so the page below sees all of them.
+    let header = conn
+        .query_prepared_opt(HEADER, &[(&conv, Type::TEXT), (&user, Type::TEXT)])
+        .await?
+        .ok_or(Rejection::NotMember)?;
+    let (head, min_seq, epoch): (i64, i64, i32) = (header.get(0), header.get(1), header.get(2));
+    let conversation_head: i64 = header.get(3);
+    if req.epoch.is_some_and(|e| e != epoch) {
+        return Err(Rejection::EpochChanged { epoch, min_seq }.into());
+    }
+    let fetch = req.limit.clamp(1, SYNC_MAX_LIMIT) + 1;
+    // A page forward from `after_seq` or backward below `before_seq`: the
+    // same parameters, and backward also takes `$6`, min_seq.
+    let (sql, bound, n) = match req.before_seq {
+        Some(before) => (SYNC_BACKWARD, before, 6),
+        None => (SYNC_FORWARD, req.after_seq.unwrap_or(0).max(0).max(min_seq - 1), 5),
+    };
+    let params = [
+        (&conv as &(dyn ToSql + Sync), Type::TEXT),
+        (&user, Type::TEXT),
+        (&bound, Type::INT8),
+        (&head, Type::INT8),
+        (&fetch, Type::INT8),
+        (&min_seq, Type::INT8),
+    ];
+    let rows = conn.query_prepared(sql, &params[..n]).await?;
+    drop(conn);
+    let decoded = rows.iter().map(|r| {
+        let reactions = match r.get::<_, Option<&str>>(REACTIONS_AT) {
+            Some(json) => Some(serde_json::from_str(json).map_err(|_| StoreError::Undecodable("reactions"))?),
+            None => None,
+        };
+        Ok((event_from_row(&req.conv, r)?, reactions))
+    });
+    if req.before_seq.is_none() {
+        return Ok((forward_page(req, (head, min_seq, epoch), decoded)?, conversation_head));
+    }
+    // Backward rows come newest first, so the budget keeps the events
+    // nearest `before_seq`.
+    let mut page = empty_page(head, min_seq, epoch);
+    let limit = (fetch - 1) as usize;
+    let cut = fill_within_budget(&mut page, decoded.take(limit), req.max_bytes)?;
+    page.has_more = cut || rows.len() > limit;
+    page.events.reverse();
+    page.next_before = page.events.first().map(|e| e.seq);
+    page.next_after = page.events.last().map_or(bound.min(head + 1) - 1, |e| e.seq);
+    Ok((page, conversation_head))
 }
 
 /// An event of a page with the reactions of its message, if it has any.

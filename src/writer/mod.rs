@@ -76,7 +76,7 @@ impl Engine {
     /// Starts the delivery lanes, the commit stage and the conversation
     /// actors' arbiters. Must run inside an actix `System`.
     pub fn start(store: Store, settings: &EngineSettings) -> Self {
-        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), &settings.delivery));
+        let delivery = Arc::new(Delivery::new(Arc::new(Routes::new()), store.heads().clone(), &settings.delivery));
         let writer = Writer::start(store, delivery.clone(), &settings.write);
         Self { writer, delivery }
     }

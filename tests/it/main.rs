@@ -43,6 +43,7 @@ mod recall;
 mod retention;
 mod server;
 mod since;
+mod standby_reads;
 mod startup;
 mod store_rules;
 mod sync_points;

@@ -173,7 +173,7 @@ impl Store {
         ops: Vec<WriteOp>,
     ) -> Result<(WrittenBatch, ConvCache), StoreError> {
         let written = self.write_job(BatchJob { conv: conv.clone(), cache, ops }).await?;
-        self.tail.committed(&written.0.appended);
+        self.committed(&written.0.appended);
         Ok(written)
     }
 

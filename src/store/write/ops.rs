@@ -296,6 +296,23 @@ pub enum Written {
     },
 }
 
+impl Written {
+    /// The seq of the event the op appended, or of its first append on a repeat.
+    pub fn seq(&self) -> Option<i64> {
+        match self {
+            Written::Sent(SendAck { seq, .. })
+            | Written::Joined { seq }
+            | Written::Left { seq }
+            | Written::Changed { seq }
+            | Written::Recalled(RecallAck { seq, .. })
+            | Written::Edited(RecallAck { seq, .. }) => Some(*seq),
+            Written::Invited(invited) => Some(invited.head),
+            Written::Reacted { seq } | Written::Status { seq } => *seq,
+            Written::Pending | Written::Rejected => None,
+        }
+    }
+}
+
 /// `recall`'s answer: the seq of the `recall` event, the first one's on a repeat.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecallAck {
