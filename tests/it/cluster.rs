@@ -27,7 +27,7 @@ pub(crate) async fn sync_all(ws: &mut Ws, conv: &str) -> Vec<(i64, String)> {
 }
 
 /// [`sync_all`], or `None` if the connection closes first.
-async fn try_sync_all(ws: &mut Ws, conv: &str) -> Option<Vec<(i64, String)>> {
+pub(crate) async fn try_sync_all(ws: &mut Ws, conv: &str) -> Option<Vec<(i64, String)>> {
     let (mut after, mut log) = (0, Vec::new());
     loop {
         let id = ws.try_start("sync", json!({"conv_id": conv, "after_seq": after, "limit": 500})).await?;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use serde_json::json;
 
-use crate::cluster::{keys, members, sync_all, Device};
+use crate::cluster::{keys, members, sync_all, try_sync_all, Device};
 use crate::cluster_harness::{Cluster, Nats, Node};
 use crate::evidence::Check;
 use crate::gateway::{hi, WAIT};
@@ -29,6 +29,11 @@ const KILL_AFTER: usize = 30;
 const RESYNCS: &str = "imcore_ws_closed_total{reason=\"bus_lost\"}";
 /// Attempts of one send (a close reconnects, an error waits a little).
 const ATTEMPTS: usize = 50;
+/// How long every node's resync count holds still before the cluster is
+/// taken for quiet: a moved node says `imcore.lost` after its reconnect
+/// resync, once its publisher is through up to two confirmation round trips
+/// (a second each at most), and a loaded machine adds its delays.
+const QUIET: Duration = Duration::from_secs(3);
 
 /// What the senders saw.
 #[derive(Default)]
@@ -78,6 +83,40 @@ async fn catch_up(d: &mut Device, nodes: &[Node], seqs: &[i64]) -> bool {
         }
     }
     true
+}
+
+/// Each node's resync count once it has reached what `moved` nodes moving
+/// makes certain and then held still for [`QUIET`] (or at `deadline`). A
+/// moved node resyncs at its disconnect and at its reconnect; every node
+/// resyncs on each moved node's `imcore.lost` it hears, which a node still
+/// disconnected misses: so the final counts vary, their floors do not
+/// (2 on a moved node, `moved` on the others, which hear every notice).
+async fn settled_resyncs(nodes: &[Node], moved: usize, deadline: Instant) -> Vec<f64> {
+    let mut floors: Vec<f64> = (0..nodes.len()).map(|i| if i < moved { 2.0 } else { moved as f64 }).collect();
+    floors.sort_by(f64::total_cmp);
+    let (mut last, mut since) = (Vec::new(), Instant::now());
+    loop {
+        let counts = join_all(nodes.iter().map(|n| n.metric(RESYNCS))).await;
+        if counts != last {
+            (last, since) = (counts.clone(), Instant::now());
+        }
+        let mut sorted = counts.clone();
+        sorted.sort_by(f64::total_cmp);
+        let floored = sorted.iter().zip(&floors).all(|(count, floor)| count >= floor);
+        if (floored && since.elapsed() >= QUIET) || Instant::now() >= deadline {
+            return counts;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A round trip on `d`'s connection, so that a close the server sent before
+/// it is seen now: the connection comes back and syncs. The answer is not
+/// taken for seen: an open connection must have been pushed everything.
+async fn notice_close(d: &mut Device, nodes: &[Node]) {
+    if try_sync_all(&mut d.ws, CONV).await.is_none() {
+        d.reconnect(&[&nodes[d.node]], CONV).await;
+    }
 }
 
 fn servers(c: &Cluster) -> Vec<&Nats> {
@@ -166,16 +205,10 @@ async fn a_nats_server_killed_under_load_moves_its_nodes_to_another_and_loses_no
     let nodes = &c.nodes[..];
     // Every node resynced its devices: those on the killed server at the
     // disconnect, the others on the `imcore.lost` of a node that moved.
-    let mut resyncs = Vec::new();
-    while Instant::now() < deadline + WAIT {
-        resyncs = join_all(nodes.iter().map(|n| n.metric(RESYNCS))).await;
-        if resyncs.iter().all(|r| *r >= 1.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let resyncs = settled_resyncs(nodes, on_victim as usize, deadline + WAIT).await;
     let mut caught_up = Vec::new();
     for d in devices.iter_mut() {
+        notice_close(d, nodes).await;
         caught_up.push(catch_up(d, nodes, &[marker]).await);
     }
     // Pushes flow across nodes again, with nobody reconnecting.
