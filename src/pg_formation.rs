@@ -159,6 +159,12 @@ impl Formation {
         format!("postgres://{USER}@127.0.0.1:{}/{DATABASE}", self.ports[i])
     }
 
+    /// Node `i`'s postmaster (benchmarks count its CPU), if it runs.
+    pub fn postmaster(&self, i: usize) -> Option<i32> {
+        let pid = fs::read_to_string(Path::new(&self.path(&format!("node{i}"))).join("postmaster.pid")).ok()?;
+        pid.lines().next()?.trim().parse().ok()
+    }
+
     /// The nodes as the monitor sees them, in node order.
     pub async fn states(&self) -> Result<Vec<NodeState>, PgError> {
         let client = connect(&self.monitor_url()).await?;

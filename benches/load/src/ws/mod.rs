@@ -30,6 +30,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use imcore::pg_formation::{Formation, Timers};
 use imcore::store::Store;
 use nodes::Nodes;
 use provision::BoxError;
@@ -45,6 +46,15 @@ pub struct Args {
     /// of it; each server run gets its own). Unset: embedded in --data-dir.
     #[arg(long)]
     database_url: Option<String>,
+    /// Form a pg_auto_failover formation (primary + synchronous standby, from
+    /// Debian's packages) in --data-dir and run every server on its primary;
+    /// torn down at the end.
+    #[arg(long, conflicts_with = "database_url")]
+    formation: bool,
+    /// With --formation: every server reads `sync` pages on the standby too
+    /// (`IMCORE_STANDBY_URL`).
+    #[arg(long, requires = "formation")]
+    standby_reads: bool,
     #[arg(long, default_value = "./var/ws-bench")]
     data_dir: PathBuf,
     /// The server binary. Default: `imcore` next to this binary, else target/release/imcore.
@@ -165,6 +175,9 @@ struct Ctx {
     args: Args,
     bin: PathBuf,
     pg: Pg,
+    /// With `--formation`: the formation, and with `--standby-reads` its
+    /// standby's URL (any database).
+    formation: Option<(Formation, Option<String>)>,
     env: Vec<(String, String)>,
     /// The `nats-server` binary, found once when runs have several nodes.
     nats: Option<PathBuf>,
@@ -172,6 +185,14 @@ struct Ctx {
     nofile: u64,
     machine: Value,
     started: Instant,
+}
+
+impl Ctx {
+    /// `IMCORE_STANDBY_URL` for a server on database `db`, with `--standby-reads`.
+    fn standby_env(&self, db: &str) -> Option<(String, String)> {
+        let url = self.formation.as_ref()?.1.as_ref()?;
+        Some(("IMCORE_STANDBY_URL".to_owned(), server::with_database(url, db)))
+    }
 }
 
 /// The names of the runs that did not verify.
@@ -187,7 +208,18 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     }
     let nats = if args.nodes > 1 { Some(nodes::nats_binary()?) } else { None };
     std::fs::create_dir_all(&args.data_dir)?;
-    let pg = Pg::start(args.database_url.as_deref(), &args.data_dir).await?;
+    let (pg, formation) = match args.formation {
+        true => {
+            let formation = Formation::start(&args.data_dir.join("formation"), Timers::default()).await?;
+            let primary = formation.primary().await.ok_or("the formation has no primary")?;
+            let mut pg = Pg::start(Some(&formation.node_url(primary)), &args.data_dir).await?;
+            pg.postmaster = formation.postmaster(primary);
+            let standby = args.standby_reads.then(|| formation.node_url(1 - primary));
+            eprintln!("imcore-load ws: pg_auto_failover primary {primary}, standby reads {}", args.standby_reads);
+            (pg, Some((formation, standby)))
+        }
+        false => (Pg::start(args.database_url.as_deref(), &args.data_dir).await?, None),
+    };
     let env = args
         .server_env
         .iter()
@@ -195,7 +227,7 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
         .collect::<Result<Vec<_>, _>>()?;
     let machine = machine(&pg).await?;
     eprintln!("imcore-load ws: server {} | open files {nofile} | {machine}", bin.display());
-    let ctx = Ctx { args, bin, pg, env, nats, nofile, machine, started: Instant::now() };
+    let ctx = Ctx { args, bin, pg, formation, env, nats, nofile, machine, started: Instant::now() };
     let result = scenarios(&ctx).await;
     eprintln!("imcore-load ws: done in {:.0} s", ctx.started.elapsed().as_secs_f64());
     ctx.pg.stop();
@@ -245,7 +277,7 @@ async fn start_nodes(
 ) -> Result<(Nodes, Store, String), BoxError> {
     let db_name = format!("imcore_bench_{name}");
     let url = ctx.pg.create_db(&db_name).await?;
-    let env: Vec<(String, String)> = ctx.env.iter().chain(env).cloned().collect();
+    let env: Vec<(String, String)> = ctx.env.iter().chain(env).chain(&ctx.standby_env(&db_name)).cloned().collect();
     let nodes = Nodes::start(ctx, name, write_path, &url, n, &env).await?;
     let db = Store::connect(&url, 4).await?;
     for (i, s) in nodes.servers().iter().enumerate() {
@@ -266,7 +298,8 @@ async fn start_server(ctx: &Ctx, name: &str, write_path: &str) -> Result<(Server
     let db_name = format!("imcore_bench_{name}");
     let url = ctx.pg.create_db(&db_name).await?;
     let log = ctx.args.data_dir.join(format!("server-{name}.log"));
-    let server = Server::start(&ctx.bin, write_path, &url, &log, &ctx.env).await?;
+    let env: Vec<(String, String)> = ctx.env.iter().chain(&ctx.standby_env(&db_name)).cloned().collect();
+    let server = Server::start(&ctx.bin, write_path, &url, &log, &env).await?;
     let db = Store::connect(&url, 4).await?;
     eprintln!("server {name}: pid {}, port {}, write path {write_path}", server.pid, server.port);
     Ok((server, db, db_name))

@@ -4,10 +4,12 @@
 //! share the database); connection `i` goes to node `i % N`, so deliveries
 //! cross nodes.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use imcore_client::Http;
 use tokio::net::TcpStream;
 
 use super::provision::BoxError;
@@ -145,6 +147,23 @@ impl Nodes {
     /// The port connection `i` goes to.
     pub fn port(&self, i: usize) -> u16 {
         self.servers[i % self.servers.len()].port
+    }
+
+    /// `sync` pages the nodes (but node `except`) read on PostgreSQL so far,
+    /// summed, by where (`imcore_sync_reads_total{from}`: the standby, or the
+    /// primary and why).
+    pub async fn sync_reads(&self, except: Option<usize>) -> Result<BTreeMap<String, f64>, BoxError> {
+        let mut reads = BTreeMap::new();
+        for (_, s) in self.servers.iter().enumerate().filter(|(i, _)| Some(*i) != except) {
+            let (_, text) = Http::new(s.port).call("GET", "/metrics", None, None).await?;
+            for line in text.as_str().unwrap_or_default().lines() {
+                let Some(rest) = line.strip_prefix("imcore_sync_reads_total{from=\"") else { continue };
+                if let Some((from, n)) = rest.split_once("\"} ") {
+                    *reads.entry(from.to_owned()).or_default() += n.parse::<f64>().unwrap_or(0.0);
+                }
+            }
+        }
+        Ok(reads)
     }
 
     /// The node of connection `i`, when there are several.

@@ -42,12 +42,7 @@ impl Pg {
     }
 
     pub fn url_of(&self, db: &str) -> String {
-        let (base, query) = match self.url.split_once('?') {
-            Some((b, q)) => (b, format!("?{q}")),
-            None => (self.url.as_str(), String::new()),
-        };
-        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
-        format!("{base}/{db}{query}")
+        with_database(&self.url, db)
     }
 
     /// A fresh database named `db` (dropped first if left over).
@@ -103,6 +98,16 @@ impl Pg {
             pg.stop();
         }
     }
+}
+
+/// `url` with its database replaced by `db`.
+pub fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
+    format!("{base}/{db}{query}")
 }
 
 /// The `imcore` binary: next to this one, or `target/release/imcore`.

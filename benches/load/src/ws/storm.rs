@@ -151,6 +151,7 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
     let sender = tokio::spawn(send(first, sender_token, own.clone(), sending.clone()));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let xacts_before = committed(db).await?;
+    let reads_before = nodes.sync_reads(Some(victim)).await?;
     nodes.kill(victim)?;
     let kill = Instant::now();
     let _ = killed_at.send(Some(kill));
@@ -170,6 +171,8 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
     let storm_s = kill.elapsed().as_secs_f64();
     let cpu = cpu.end(&*nodes, &ctx.pg);
     let xacts = committed(db).await? - xacts_before;
+    // The survivors' (the killed node's counters went with it).
+    let sync_reads = super::fanout::reads_since(&reads_before, nodes.sync_reads(Some(victim)).await?);
     // Sends carry on a moment after the storm, then stop and are checked.
     tokio::time::sleep(Duration::from_secs(1)).await;
     sending.store(false, Ordering::Relaxed);
@@ -206,7 +209,7 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
                       "rule": "full jitter: a random delay below a bound that starts at first_retry and doubles per failed attempt up to max_retry; survivors in turn"},
         "back_and_synced": synced, "storm_s": storm_s, "back_ms": latency.json(),
         "attempts": back.attempts.load(Ordering::Relaxed), "failed_attempts": failed, "since_resets": resets,
-        "postgres_commits": xacts, "postgres_commits_per_s": xacts as f64 / storm_s, "cpu": cpu,
+        "postgres_commits": xacts, "postgres_commits_per_s": xacts as f64 / storm_s, "sync_reads": sync_reads, "cpu": cpu,
         "sender": {"acked": sent.acked.len(), "refused": sent.refused, "unanswered": sent.unanswered, "lost": lost.len(), "doubled": doubled},
         "verified": verified,
     }))

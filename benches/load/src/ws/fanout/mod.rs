@@ -10,7 +10,7 @@
 
 mod device;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,7 +108,11 @@ pub async fn run(nodes: &Nodes, pg: &Pg, db: &Store, devs: &mut Devices, p: &Par
     let mut sender = provision::connect_retry(nodes.port(0), provision::source_addr(0, 1), &devs.sender_token).await?;
     let measure = Arc::new(Measure::new(conv.clone(), m as i64, p.messages, m, p.mode == "pull"));
     devs.measure(Some(measure.clone()))?;
+    // The devices' connections ran statements whose counts a busy backend
+    // reports up to a second late: they must not land in the window.
+    tokio::time::sleep(STATS_FLUSH).await;
     let xacts_before = xacts(db).await?;
+    let reads_before = nodes.sync_reads(None).await?;
     let cpu = CpuWindow::start(nodes, pg);
     let sent = drive(&mut sender, &measure, p).await;
     if let Ok(sent) = &sent {
@@ -118,11 +122,12 @@ pub async fn run(nodes: &Nodes, pg: &Pg, db: &Store, devs: &mut Devices, p: &Par
     // An idle backend reports its statistics within PostgreSQL's idle interval (10 s).
     tokio::time::sleep(STATS_FLUSH).await;
     let xacts = xacts(db).await? - xacts_before;
+    let sync_reads = reads_since(&reads_before, nodes.sync_reads(None).await?);
     devs.measure(None)?;
     sender.close().await;
     let sent = sent?;
     let closed = devs.closed.load(Ordering::Relaxed);
-    report(nodes, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed, xacts }).await
+    report(nodes, db, p, m, &measure, Outcome { sent, connect_s, cpu, closed, xacts, sync_reads }).await
 }
 
 /// How long PostgreSQL may take to count a backend's transactions once it is idle.
@@ -286,6 +291,17 @@ struct Outcome {
     /// PostgreSQL transactions of the run's database from the first send
     /// until the devices settled (`pg_stat_database`; verification after).
     xacts: i64,
+    /// `sync` pages read on PostgreSQL in that window, by where.
+    sync_reads: Value,
+}
+
+/// `sync` pages read since `before`, by where, and the standby's share.
+pub fn reads_since(before: &BTreeMap<String, f64>, after: BTreeMap<String, f64>) -> Value {
+    let by: BTreeMap<String, f64> =
+        after.into_iter().map(|(k, n)| (k.clone(), n - before.get(&k).unwrap_or(&0.0))).collect();
+    let total: f64 = by.values().sum();
+    let standby = by.get("standby").copied().unwrap_or(0.0);
+    json!({"by": by, "total": total, "standby_share": (standby / total.max(1.0) * 1000.0).round() / 1000.0})
 }
 
 /// Per message, the time until the `devices`-th device had it (messages
@@ -352,6 +368,7 @@ async fn report(
         "server_rss_mb": (nodes.rss_kib() as f64 / 1024.0).round(),
         "pg_xacts": o.xacts,
         "pg_xacts_per_delivery": (o.xacts as f64 / deliveries.max(1) as f64 * 10_000.0).round() / 10_000.0,
+        "sync_reads": o.sync_reads,
         "verified": verified,
         "verification": detail,
     });
