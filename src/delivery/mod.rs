@@ -20,7 +20,7 @@ mod presence;
 use std::collections::HashSet;
 use std::future::Future;
 use std::mem;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Instant;
@@ -63,6 +63,8 @@ pub struct Delivery {
     /// Noted before a peer's batch is delivered: a device that then syncs
     /// reads a standby only once it has that batch (ARCHITECTURE §6).
     heads: Arc<Heads>,
+    /// Tokens revoked on this node ([`Delivery::revocations`]).
+    revocations: AtomicU64,
     /// With peers: batches of one conversation from here and from the bus,
     /// back in seq order.
     reorder: Reorder,
@@ -157,6 +159,7 @@ impl Delivery {
             held: DashMap::new(),
             peers: OnceLock::new(),
             heads,
+            revocations: AtomicU64::new(0),
             reorder: Reorder::new(Instant::now()),
             online_elsewhere: DashMap::new(),
             routed_elsewhere: DashMap::new(),
@@ -277,8 +280,17 @@ impl Delivery {
         }
     }
 
+    /// Tokens revoked here so far, from this node or another (a connection
+    /// that registers after a lookup re-reads its token only if this moved).
+    pub fn revocations(&self) -> u64 {
+        self.revocations.load(Ordering::SeqCst)
+    }
+
     /// Kicks this node's connection of `user`'s `device`, if any, for a new token.
     pub fn kick_revoked(&self, user: &UserId, device: &DeviceId) {
+        // Counted before the route is looked up: a connection registering
+        // meanwhile sees the count move and re-reads its token.
+        self.revocations.fetch_add(1, Ordering::SeqCst);
         if let Some(route) = self.routes.route(user, device) {
             route.recipient.kick(KickReason::TokenRevoked);
         }

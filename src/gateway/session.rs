@@ -43,6 +43,7 @@ pub async fn upgrade(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
     let token = auth::bearer_or_query(&req);
+    let revocations = state.delivery.revocations();
     let owner = auth::device(&state, token.as_deref()).await?;
     if state.shutting_down() {
         return Err(ApiError::new(ErrorCode::Overloaded, "the server is shutting down").into());
@@ -65,6 +66,7 @@ pub async fn upgrade(
         state: state.clone(),
         owner,
         token: token.unwrap_or_default(),
+        revocations,
         conn_id,
         last_heard: Instant::now(),
         inflight: 0,
@@ -92,6 +94,9 @@ pub struct WsSession {
     /// Kept only to re-check it once registered (a rotation racing the
     /// upgrade); never logged.
     token: String,
+    /// Tokens revoked on this node before the token was looked up
+    /// ([`Delivery::revocations`](crate::delivery::Delivery::revocations)).
+    revocations: u64,
     conn_id: ConnId,
     last_heard: Instant,
     /// Requests dispatched and not yet answered.
@@ -143,7 +148,12 @@ impl Actor for WsSession {
             self.kick(KickReason::Shutdown, ctx);
             return;
         }
-        self.recheck_token(ctx);
+        // Only a revocation this node heard of since the lookup can have
+        // missed the route: otherwise the token needs no second read.
+        match self.state.delivery.revocations() == self.revocations {
+            true => drop(std::mem::take(&mut self.token)),
+            false => self.recheck_token(ctx),
+        }
         self.subscribe(ctx);
         self.state.online.connect(&self.owner.user_id);
         self.online = true;
@@ -180,7 +190,7 @@ impl Actor for WsSession {
 impl WsSession {
     /// A rotation between this connection's token lookup and its
     /// registration would have found no route to kick: look again now that
-    /// the route is in place.
+    /// the route is in place (when a revocation came in between).
     fn recheck_token(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         let (store, token) = (self.state.store.clone(), std::mem::take(&mut self.token));
         let owner = self.owner.clone();

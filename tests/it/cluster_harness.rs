@@ -567,6 +567,11 @@ impl Cluster {
         }
     }
 
+    /// A client of the nodes' database.
+    pub async fn db_client(&self) -> tokio_postgres::Client {
+        self._db.client().await
+    }
+
     /// An admin call, through the first node (on 127.0.0.1).
     pub async fn admin(&self, path: &str, body: Value) -> (u16, Value) {
         http_raw(self.nodes[0].port, "POST", path, Some(ADMIN), Some(&body.to_string())).await

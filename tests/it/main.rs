@@ -48,4 +48,5 @@ mod startup;
 mod store_rules;
 mod sync_points;
 mod sync_tail;
+mod token_mid_upgrade;
 mod web;
