@@ -65,7 +65,7 @@ pub use write::{
 };
 
 pub use connection::{Pool, PooledClient};
-pub use heads::{Heads, KNOWN_HEADS_CAP};
+pub use heads::Heads;
 
 /// Session settings for every pooled connection. A transaction that holds a
 /// conversation row lock must never wait forever (ARCHITECTURE §3, faults).

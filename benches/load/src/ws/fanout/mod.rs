@@ -299,7 +299,7 @@ struct Outcome {
 pub fn reads_since(before: &BTreeMap<String, f64>, after: BTreeMap<String, f64>) -> Value {
     let by: BTreeMap<String, f64> =
         after.into_iter().map(|(k, n)| (k.clone(), n - before.get(&k).unwrap_or(&0.0))).collect();
-    let total: f64 = by.values().sum();
+    let total = by.values().fold(0.0, |sum, n| sum + n);
     let standby = by.get("standby").copied().unwrap_or(0.0);
     json!({"by": by, "total": total, "standby_share": (standby / total.max(1.0) * 1000.0).round() / 1000.0})
 }
