@@ -8,6 +8,16 @@
 //! (a second round trip). The conversation row lock is held across round
 //! trips, not across fsync (ARCHITECTURE §3).
 
+/// The columns of an event row as `sync::event_from_row` decodes them (0–19),
+/// of the events aliased `e`.
+macro_rules! event_columns {
+    () => {
+        "e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device, e.client_msg_id,
+         e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled,
+         e.reply_to, e.mentions, e.mention_all, e.edited_at, e.emoji, e.reaction_on"
+    };
+}
+
 mod access;
 mod accounts;
 mod blocks;

@@ -95,13 +95,14 @@ SELECT c.conv_id, np.done_seq, c.next_seq - 1
    AND (np.lease_until < now() OR np.conv_id IS NULL) AND c.last_event_at < $2
  LIMIT $3";
 
-const EVENTS_AFTER: &str = "
-SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device, e.client_msg_id,
-       e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled,
-       e.reply_to, e.mentions, e.mention_all, e.edited_at, e.emoji, e.reaction_on
+const EVENTS_AFTER: &str = concat!(
+    "SELECT ",
+    event_columns!(),
+    "
   FROM events e
  WHERE e.conv_id = $1 AND e.seq > $2 AND e.seq <= $3 AND e.created_at >= $4
- ORDER BY e.seq";
+ ORDER BY e.seq"
+);
 
 impl Store {
     /// One page of the pushers due for seqs `lo..=hi` of `conv`, of the

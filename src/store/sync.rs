@@ -123,9 +123,9 @@ SELECT e.* FROM (
      WHERE p.conv_id = $1 AND p.user_id = $2 AND coalesce(p.to_seq, $4) > $3) w
    WHERE w.before < $5) p
  CROSS JOIN LATERAL (
-   SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device,
-          e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled,
-          e.reply_to, e.mentions, e.mention_all, e.edited_at, e.emoji, e.reaction_on, ",
+   SELECT ",
+    event_columns!(),
+    ", ",
     reactions_sql!(),
     "
      FROM events e
@@ -139,9 +139,9 @@ const SYNC_BACKWARD: &str = concat!(
     "
 SELECT e.* FROM membership_periods p
  CROSS JOIN LATERAL (
-   SELECT e.seq, e.kind, e.created_at, e.message_id, e.sender_user, e.sender_device,
-          e.client_msg_id, e.body, e.subject_user, e.actor, e.reason, e.target_seq, e.change, e.recalled,
-          e.reply_to, e.mentions, e.mention_all, e.edited_at, e.emoji, e.reaction_on, ",
+   SELECT ",
+    event_columns!(),
+    ", ",
     reactions_sql!(),
     "
      FROM events e

@@ -1,11 +1,12 @@
 //! The tail cache (ARCHITECTURE §4, "The tail in memory"): per conversation,
-//! the events committed since a snapshot of its members' periods, so that a
-//! forward `sync` inside that tail is answered without PostgreSQL, with the
-//! same visibility, budget and paging as the SQL path.
+//! the last events before a snapshot of its members' periods and those
+//! committed since, so that a forward `sync` inside that tail is answered
+//! without PostgreSQL, with the same visibility, budget and paging as the SQL path.
 //!
 //! Invariant: a ring holds every event from `base + 1` to `head`, each in its
 //! stored form, or the seq is marked `changed` (a later recall, edit or
-//! reaction altered it) and a page that would show it reads PostgreSQL. A
+//! reaction altered it, or it had reactions when loaded) and a page that
+//! would show it reads PostgreSQL. A
 //! gap, a `group` event, an epoch bump or a purge drops the ring. Bounded in
 //! bytes (`IMCORE_SYNC_TAIL_BYTES`; at the cap the least recently read rings
 //! go); a ring is made by the first `sync` that misses, loaded once (single
@@ -19,10 +20,11 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::watch;
 
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::IsolationLevel;
 
 use super::error::decoded;
-use super::sync::{forward_page, SyncPage, SyncRequest};
+use super::sync::{event_from_row, forward_page, SyncPage, SyncRequest, EVENT_COLUMN_COUNT};
 use super::write::Appended;
 use super::{Store, StoreError};
 use crate::domain::{Event, EventKind, Rejection};
@@ -73,13 +75,21 @@ enum Slot {
     Ready(Ring),
 }
 
-/// What the loading `sync` read, in one statement (one snapshot).
+/// What the loading `sync` read, in one snapshot.
 pub(super) struct Snapshot {
     pub head: i64,
     pub min_seq: i64,
     pub epoch: i32,
     pub periods: HashMap<UserId, Periods>,
+    /// The last events up to `head` (at most [`TAIL_PRELOAD`], none below
+    /// `min_seq`), ascending and gapless, each with whether its message has
+    /// reactions (a page showing it reads PostgreSQL, as for a `changed` one).
+    pub recent: Vec<(Event, bool)>,
 }
+
+/// Events a ring starts with below the head it is loaded at: the devices
+/// that went online shortly before find their first `sync` in it too.
+pub const TAIL_PRELOAD: i64 = 256;
 
 struct Ring {
     base: i64,
@@ -107,6 +117,18 @@ SELECT c.next_seq - 1, c.min_seq, c.epoch, p.users, p.froms, p.tos
      FROM membership_periods p WHERE p.conv_id = c.conv_id) p
  WHERE c.conv_id = $1";
 
+/// The events of `$1` after `$2` up to `$3`, ascending, each with whether its
+/// message has reactions.
+const TAIL_RECENT: &str = concat!(
+    "SELECT ",
+    event_columns!(),
+    ", e.kind = 'msg' AND EXISTS (SELECT 1 FROM reaction_counts rc
+                                   WHERE rc.conv_id = e.conv_id AND rc.target_seq = e.seq AND rc.count > 0)
+  FROM events e
+ WHERE e.conv_id = $1 AND e.seq > $2 AND e.seq <= $3
+ ORDER BY e.seq"
+);
+
 impl Store {
     /// A page from the conversation's tail in memory when it lies inside it
     /// ([`Tail`](super::tail::Tail)), else from PostgreSQL.
@@ -133,12 +155,29 @@ impl Store {
         }
     }
 
+    /// The snapshot and the events before its head, read in one transaction
+    /// (repeatable read: both at the same point of the log).
     async fn tail_snapshot(&self, conv: &ConvId) -> Result<Option<Snapshot>, StoreError> {
-        let conn = self.pool.get().await?;
-        let Some(row) = conn.query_prepared_opt(TAIL_SNAPSHOT, &[(&conv.as_str(), Type::TEXT)]).await? else {
+        let mut conn = self.pool.get().await?;
+        let tx =
+            conn.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start().await?;
+        let Some(row) = tx.query_typed_opt(TAIL_SNAPSHOT, &[(&conv.as_str(), Type::TEXT)]).await? else {
             return Ok(None);
         };
+        let (head, min_seq): (i64, i64) = (row.get(0), row.get(1));
+        let from = (head - TAIL_PRELOAD).max(min_seq - 1);
+        let params = [(&conv.as_str() as &(dyn ToSql + Sync), Type::TEXT), (&from, Type::INT8), (&head, Type::INT8)];
+        let rows = tx.query_typed(TAIL_RECENT, &params).await?;
+        tx.commit().await?;
         drop(conn);
+        let recent = rows
+            .iter()
+            .map(|r| Ok((event_from_row(conv, r)?, r.get::<_, bool>(EVENT_COLUMN_COUNT))))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        // The log is gapless from `min_seq` (P1): anything else is no ring.
+        if recent.len() as i64 != head - from || recent.first().is_some_and(|(e, _)| e.seq != from + 1) {
+            return Err(StoreError::Invariant("the events before a tail's head are not gapless"));
+        }
         let users: Vec<&str> = row.get::<_, Option<_>>(3).unwrap_or_default();
         let froms: Vec<i64> = row.get::<_, Option<_>>(4).unwrap_or_default();
         let tos: Vec<Option<i64>> = row.get::<_, Option<_>>(5).unwrap_or_default();
@@ -147,7 +186,7 @@ impl Store {
             let user = decoded(UserId::parse(user), "member user_id")?;
             periods.entry(user).or_default().push((from, to));
         }
-        Ok(Some(Snapshot { head: row.get(0), min_seq: row.get(1), epoch: row.get(2), periods }))
+        Ok(Some(Snapshot { head, min_seq, epoch: row.get(2), periods, recent }))
     }
 }
 
@@ -266,6 +305,7 @@ impl Tail {
         let now = self.tick();
         let ring = snapshot.map(|s| Ring::new(s, now)).and_then(|mut ring| {
             let ok = waiting.iter().all(|events| ring.apply(events));
+            ring.evict(self.ring_cap());
             ok.then_some(ring)
         });
         match ring {
@@ -359,14 +399,16 @@ impl Tail {
 
 impl Ring {
     fn new(s: Snapshot, now: u64) -> Self {
-        let bytes = s.periods.iter().map(|(u, p)| PERIODS_OVERHEAD + u.as_str().len() + 16 * p.len()).sum();
+        let periods: usize = s.periods.iter().map(|(u, p)| PERIODS_OVERHEAD + u.as_str().len() + 16 * p.len()).sum();
+        let bytes = periods + s.recent.iter().map(|(e, _)| event_bytes(e)).sum::<usize>();
+        let changed = s.recent.iter().filter(|(_, reacted)| *reacted).map(|(e, _)| e.seq).collect();
         Self {
-            base: s.head,
+            base: s.head - s.recent.len() as i64,
             head: s.head,
             min_seq: s.min_seq,
             epoch: s.epoch,
-            events: VecDeque::new(),
-            changed: HashSet::new(),
+            events: s.recent.into_iter().map(|(e, _)| e).collect(),
+            changed,
             periods: s.periods,
             bytes,
             read_at: AtomicU64::new(now),
@@ -499,7 +541,7 @@ mod tests {
     fn load(tail: &Tail, conv: &ConvId) -> bool {
         let Lookup::Load(load) = tail.lookup(&request(conv), true) else { return false };
         let periods = HashMap::from([(UserId::parse("u-ana").expect("user"), vec![(1, None)])]);
-        tail.loaded(conv, load, Some(Snapshot { head: 1, min_seq: 1, epoch: 1, periods }));
+        tail.loaded(conv, load, Some(Snapshot { head: 1, min_seq: 1, epoch: 1, periods, recent: vec![] }));
         true
     }
 
