@@ -443,7 +443,7 @@ pub struct Cluster {
     /// browser test runs beside a cluster.
     _cpu: tokio::sync::MutexGuard<'static, ()>,
     /// The nodes' database, for the test's life.
-    _db: TestDb,
+    pub db: TestDb,
     pub nats: Nats,
     /// The other servers of a NATS cluster that `nats` is one of.
     pub nats_peers: Vec<Nats>,
@@ -509,14 +509,14 @@ impl Cluster {
             };
             nodes.push(Node::start(Ipv4Addr::new(127, 0, 0, i), &db.url, &url, &data_dir, homes, env).await);
         }
-        (Self { _cpu: cpu, _db: db, nats, nats_peers, nodes, data_dir }, relay)
+        (Self { _cpu: cpu, db, nats, nats_peers, nodes, data_dir }, relay)
     }
 
     /// Starts one more node with `env` changed (`None` removes a variable),
     /// expecting it to refuse to start: its exit status and all it printed.
     pub async fn node_refused(&self, env: &[(&str, Option<&str>)]) -> (Option<i32>, String) {
         let host = Ipv4Addr::new(127, 0, 0, 9);
-        let mut command = node_command(host, &self._db.url, &self.nats.url(), &self.data_dir, true);
+        let mut command = node_command(host, &self.db.url, &self.nats.url(), &self.data_dir, true);
         for (key, value) in env {
             match value {
                 Some(v) => command.env(key, v),
@@ -534,7 +534,7 @@ impl Cluster {
     /// the error it exited with.
     pub async fn try_node(&self, nats_url: &str, env: &[(&str, &str)]) -> Result<Node, String> {
         let host = Ipv4Addr::new(127, 0, 0, 9);
-        let mut command = node_command(host, &self._db.url, nats_url, &self.data_dir, false);
+        let mut command = node_command(host, &self.db.url, nats_url, &self.data_dir, false);
         command.envs(env.iter().copied());
         let mut child =
             command.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().expect("start a node");
@@ -565,11 +565,6 @@ impl Cluster {
                 Err(strip_ansi(&printed))
             }
         }
-    }
-
-    /// A client of the nodes' database.
-    pub async fn db_client(&self) -> tokio_postgres::Client {
-        self._db.client().await
     }
 
     /// An admin call, through the first node (on 127.0.0.1).

@@ -27,7 +27,7 @@ async fn a_token_rotated_between_the_lookup_and_the_route_still_kicks_the_connec
     );
     let c = Cluster::start(2).await;
     let old = c.user("rm").await;
-    let db = c.db_client().await;
+    let db = c.db.client().await;
     db.batch_execute("BEGIN; ALTER SEQUENCE conn_ids CACHE 1").await.expect("hold the connection-id sequence");
     let node = &c.nodes[0];
     let connecting = node.try_ws(&old);
