@@ -89,7 +89,7 @@ pub(super) struct Snapshot {
 
 /// Events a ring starts with below the head it is loaded at: the devices
 /// that went online shortly before find their first `sync` in it too.
-pub const TAIL_PRELOAD: i64 = 256;
+const TAIL_PRELOAD: i64 = 256;
 
 struct Ring {
     base: i64,
