@@ -46,6 +46,9 @@ async fn recall(env: &Env, conv: &ConvId, seq: i64) {
         )
         .await
         .expect("recall");
+    // Written behind the server's back, like a restore: the tail in memory
+    // must forget the conversation, as the store does for such changes.
+    env.store().tail().forget(conv);
 }
 
 /// Appends `n` messages from `sender` in one statement, keeping `next_seq`
