@@ -174,8 +174,9 @@ impl Store {
             .iter()
             .map(|r| Ok((event_from_row(conv, r)?, r.get::<_, bool>(EVENT_COLUMN_COUNT))))
             .collect::<Result<Vec<_>, StoreError>>()?;
-        // The log is gapless from `min_seq` (P1): anything else is no ring.
-        if recent.len() as i64 != head - from || recent.first().is_some_and(|(e, _)| e.seq != from + 1) {
+        // The log is gapless from `min_seq` (P1): one row per seq of the
+        // range, or no ring.
+        if recent.len() as i64 != head - from {
             return Err(StoreError::Invariant("the events before a tail's head are not gapless"));
         }
         let users: Vec<&str> = row.get::<_, Option<_>>(3).unwrap_or_default();

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use imcore_client::Http;
+use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
 use super::provision::BoxError;
@@ -201,4 +202,13 @@ impl ServerProcs for Nodes {
     fn nats_cpu_s(&self) -> Option<f64> {
         self.nats.as_ref().map(|n| proc_cpu_s(n.pid))
     }
+}
+
+/// `sync` pages read since `before`, by where, and the standby's share.
+pub fn reads_since(before: &BTreeMap<String, f64>, after: BTreeMap<String, f64>) -> Value {
+    let by: BTreeMap<String, f64> =
+        after.into_iter().map(|(k, n)| (k.clone(), n - before.get(&k).unwrap_or(&0.0))).collect();
+    let total = by.values().fold(0.0, |sum, n| sum + n);
+    let standby = by.get("standby").copied().unwrap_or(0.0);
+    json!({"by": by, "total": total, "standby_share": (standby / total.max(1.0) * 1000.0).round() / 1000.0})
 }

@@ -172,7 +172,7 @@ async fn storm(ctx: &Ctx, nodes: &mut Nodes, db: &imcore::store::Store) -> Resul
     let cpu = cpu.end(&*nodes, &ctx.pg);
     let xacts = committed(db).await? - xacts_before;
     // The survivors' (the killed node's counters went with it).
-    let sync_reads = super::fanout::reads_since(&reads_before, nodes.sync_reads(Some(victim)).await?);
+    let sync_reads = super::nodes::reads_since(&reads_before, nodes.sync_reads(Some(victim)).await?);
     // Sends carry on a moment after the storm, then stop and are checked.
     tokio::time::sleep(Duration::from_secs(1)).await;
     sending.store(false, Ordering::Relaxed);

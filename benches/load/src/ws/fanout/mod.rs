@@ -10,7 +10,7 @@
 
 mod device;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,7 +122,7 @@ pub async fn run(nodes: &Nodes, pg: &Pg, db: &Store, devs: &mut Devices, p: &Par
     // An idle backend reports its statistics within PostgreSQL's idle interval (10 s).
     tokio::time::sleep(STATS_FLUSH).await;
     let xacts = xacts(db).await? - xacts_before;
-    let sync_reads = reads_since(&reads_before, nodes.sync_reads(None).await?);
+    let sync_reads = super::nodes::reads_since(&reads_before, nodes.sync_reads(None).await?);
     devs.measure(None)?;
     sender.close().await;
     let sent = sent?;
@@ -293,15 +293,6 @@ struct Outcome {
     xacts: i64,
     /// `sync` pages read on PostgreSQL in that window, by where.
     sync_reads: Value,
-}
-
-/// `sync` pages read since `before`, by where, and the standby's share.
-pub fn reads_since(before: &BTreeMap<String, f64>, after: BTreeMap<String, f64>) -> Value {
-    let by: BTreeMap<String, f64> =
-        after.into_iter().map(|(k, n)| (k.clone(), n - before.get(&k).unwrap_or(&0.0))).collect();
-    let total = by.values().fold(0.0, |sum, n| sum + n);
-    let standby = by.get("standby").copied().unwrap_or(0.0);
-    json!({"by": by, "total": total, "standby_share": (standby / total.max(1.0) * 1000.0).round() / 1000.0})
 }
 
 /// Per message, the time until the `devices`-th device had it (messages
