@@ -53,6 +53,15 @@ async fn a_member_who_leaves_gets_its_leave_and_nothing_after_while_the_others_k
     // Ben's marker conversation: his next push after the leave must be its marker.
     let direct = s.direct(&ana, "u-ben").await;
     let (mut a, mut b, mut c) = (s.ws(&ana).await, s.ws(&ben).await, s.ws(&cai).await);
+    // A push reaches a connection only once its memberships are loaded: with
+    // these in, each lane knows its user before the leave (a snapshot read
+    // after the leave would know ben only as a former member).
+    let hello = a.request("send", hi("hello", &conv, "hello")).await["seq"].as_i64().expect("seq");
+    let back = c.request("send", hi("hello-back", &conv, "hello back")).await["seq"].as_i64().expect("seq");
+    assert_eq!(pushed_seqs(&b.push().await, &conv), [hello]);
+    assert_eq!(pushed_seqs(&b.push().await, &conv), [back]);
+    assert_eq!(pushed_seqs(&c.push().await, &conv), [hello]);
+    assert_eq!(pushed_seqs(&a.push().await, &conv), [back]);
 
     let left = write(
         &s,
