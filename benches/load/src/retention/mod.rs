@@ -3,8 +3,8 @@
 //! 1. purge rate: a conversation of a million old sends purged chunk by
 //!    chunk (events/s, tombstones/s, per-chunk transaction time);
 //! 2. a hot group while a purge runs — of another conversation, and of its
-//!    own old events (each chunk holds its row lock) — against the same hot
-//!    group with no purge;
+//!    own old events (each chunk moves its `min_seq` under the row lock) —
+//!    against the same hot group with no purge;
 //! 3. the send path where the tombstone probe runs (`min_seq > 1`) with a
 //!    million tombstones against the same conversation shape without any.
 //!

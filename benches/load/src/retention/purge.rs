@@ -1,5 +1,5 @@
 //! Purging a conversation chunk by chunk through `Store::purge_watched` (what
-//! `purge_conversation` runs), timing each chunk's transaction, and
+//! `purge_conversation` runs), timing each chunk (advance and sweep), and
 //! checking what the purge left.
 
 use std::time::Instant;
@@ -23,7 +23,7 @@ pub struct Purged {
     pub complete: bool,
 }
 
-/// Purges `conv`, `chunk` events per transaction, as the product does,
+/// Purges `conv`, `chunk` events per sweep, as the product does,
 /// until nothing is due or `until` passes (checked between chunks).
 pub async fn purge(store: &Store, conv: &ConvId, chunk: i64, until: Option<Instant>) -> Result<Purged, BoxError> {
     let started = Instant::now();
