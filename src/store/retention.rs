@@ -17,6 +17,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::error::decoded;
 use super::{PooledClient, Store, StoreError};
+use crate::config::RetentionSettings;
 
 /// What one run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -27,6 +28,31 @@ pub struct PurgeReport {
     pub tombstones_written: u64,
     /// Tombstones dropped past the horizon.
     pub tombstones_expired: u64,
+}
+
+/// How a purge goes: `chunk` events per step, working at most `duty_pct`
+/// percent of the time (after each chunk it rests for the rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    pub chunk: i64,
+    pub duty_pct: u32,
+}
+
+impl Pace {
+    /// `chunk` events per step at the default duty.
+    pub fn chunk(chunk: i64) -> Self {
+        Self { chunk, duty_pct: RetentionSettings::default().duty_pct }
+    }
+
+    pub fn of(settings: &RetentionSettings) -> Self {
+        Self { chunk: settings.chunk, duty_pct: settings.duty_pct }
+    }
+
+    /// The rest after a chunk that took `took`.
+    fn rest_after(&self, took: Duration) -> Duration {
+        let duty = self.duty_pct.clamp(1, 100);
+        took * (100 - duty) / duty
+    }
 }
 
 /// Conversations whose oldest kept event is past their retention, or that
@@ -90,12 +116,11 @@ DELETE FROM idem_tombstones WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM idem_tombstones WHERE purged_at < now() - $1 * interval '1 millisecond' LIMIT 10000))";
 
 impl Store {
-    /// Purges every conversation that is due, `chunk` events per
-    /// transaction, then drops tombstones older than `tombstone_horizon_ms`
+    /// Purges every conversation that is due at `pace`, then drops tombstones older than `tombstone_horizon_ms`
     /// (`None`: kept forever).
     pub async fn purge_expired(
         &self,
-        chunk: i64,
+        pace: Pace,
         tombstone_horizon_ms: Option<i64>,
     ) -> Result<PurgeReport, StoreError> {
         let started = Instant::now();
@@ -106,7 +131,7 @@ impl Store {
         };
         let mut report = PurgeReport::default();
         for conv in &due {
-            let (events, tombstones) = self.purge_conversation(conv, chunk).await?;
+            let (events, tombstones) = self.purge_conversation(conv, pace).await?;
             report.conversations += u64::from(events > 0);
             report.events_purged += events;
             report.tombstones_written += tombstones;
@@ -122,12 +147,12 @@ impl Store {
     /// Purges `conv` chunk by chunk until its oldest kept event is inside
     /// its retention; `(events purged, tombstones written)`.
     ///
-    /// Between chunks it rests as long as the chunk took: a purge works at
-    /// most half the time, and leaves the database's CPU and WAL to the
-    /// writers in between.
-    pub async fn purge_conversation(&self, conv: &ConvId, chunk: i64) -> Result<(u64, u64), StoreError> {
+    /// Between chunks it rests (`pace`), leaving the database's CPU and WAL
+    /// to the conversation's writers and everyone else's: what a purge costs
+    /// them is that share, not its lock (ARCHITECTURE §3 "Retention").
+    pub async fn purge_conversation(&self, conv: &ConvId, pace: Pace) -> Result<(u64, u64), StoreError> {
         let (mut events, mut tombstones) = (0, 0);
-        self.purge_watched(conv, chunk, |e, t, _| {
+        self.purge_watched(conv, pace, |e, t, _| {
             events += e;
             tombstones += t;
             true
@@ -143,7 +168,7 @@ impl Store {
     pub async fn purge_watched(
         &self,
         conv: &ConvId,
-        chunk: i64,
+        pace: Pace,
         mut chunk_done: impl FnMut(u64, u64, Duration) -> bool,
     ) -> Result<bool, StoreError> {
         let mut left = self.left_below(conv).await?;
@@ -151,11 +176,11 @@ impl Store {
             let started = Instant::now();
             let range = match left.take() {
                 Some((from, below)) => {
-                    let to = below.min(from.saturating_add(chunk));
+                    let to = below.min(from.saturating_add(pace.chunk));
                     left = (to < below).then_some((to, below));
                     (from, to)
                 }
-                None => match self.advance(conv, chunk).await? {
+                None => match self.advance(conv, pace.chunk).await? {
                     Some(range) => range,
                     None => return Ok(true),
                 },
@@ -165,7 +190,7 @@ impl Store {
             if !chunk_done(events, tombstones, took) {
                 return Ok(false);
             }
-            tokio::time::sleep(took).await;
+            tokio::time::sleep(pace.rest_after(took)).await;
         }
     }
 

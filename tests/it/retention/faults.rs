@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use imcore::store::Store;
+use imcore::store::{Pace, Store};
 use serde_json::json;
 
 use super::{age_all, hour_group, log_shape, old_history, tombstones, SUITE};
@@ -33,7 +33,7 @@ async fn a_send_committed_while_the_purge_waits_for_the_row_is_not_purged() {
     let send = env.send(&conv, "u-ana", "fresh", text("just now"));
     let purge = async {
         assert!(waiting_on_locks(&c, 1).await, "the send never waited at the gate");
-        let purge = env.store().purge_conversation(&conv, 100);
+        let purge = env.store().purge_conversation(&conv, Pace::chunk(100));
         let release = async {
             assert!(waiting_on_locks(&c, 2).await, "the purge never waited for the row");
             gate.batch_execute("COMMIT").await.expect("release inserts");
@@ -88,7 +88,11 @@ async fn two_purges_racing_purge_each_event_once_and_bury_each_send_once() {
         gate.batch_execute("COMMIT").await.expect("release");
         met
     };
-    let (ra, rb, met) = tokio::join!(a.purge_conversation(&conv, 50), b.purge_conversation(&conv, 50), release);
+    let (ra, rb, met) = tokio::join!(
+        a.purge_conversation(&conv, Pace::chunk(50)),
+        b.purge_conversation(&conv, Pace::chunk(50)),
+        release
+    );
     let ((ea, ta), (eb, tb)) = (ra.expect("purge a"), rb.expect("purge b"));
     let (min_seq, _, _, gapless) = log_shape(&c, &conv).await;
     let (tombs, distinct) = tombstones(&c, &conv).await;
@@ -166,10 +170,10 @@ async fn a_purge_killed_midway_is_finished_by_the_next_run() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    let (first, killed) = tokio::join!(purger.purge_conversation(&conv, 100), kill);
+    let (first, killed) = tokio::join!(purger.purge_conversation(&conv, Pace::chunk(100)), kill);
     blocker.batch_execute("ROLLBACK").await.expect("rollback the blocker");
     let midway = (log_shape(&c, &conv).await, tombstones(&c, &conv).await);
-    let second = purger.purge_conversation(&conv, 100).await;
+    let second = purger.purge_conversation(&conv, Pace::chunk(100)).await;
     let (min_seq, next_seq, _, gapless) = log_shape(&c, &conv).await;
     let (tombs, distinct) = tombstones(&c, &conv).await;
     let second_counts = second.as_ref().ok().copied();
@@ -226,7 +230,7 @@ async fn sends_and_a_retry_while_a_sweep_is_held_neither_wait_nor_append_a_purge
         )
         .await
         .expect("hold the first sweep");
-    let purge = env.store().purge_conversation(&conv, 100);
+    let purge = env.store().purge_conversation(&conv, Pace::chunk(100));
     let meanwhile = async {
         let held = waiting_on_locks(&c, 1).await;
         let (min_seq_held, ..) = log_shape(&c, &conv).await;

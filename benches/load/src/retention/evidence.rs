@@ -107,7 +107,8 @@ pub fn method(events: i64, tombstones: i64, retention_ms: i64) -> Value {
         "purge": "Store::purge_watched, what Store::purge_conversation runs: per chunk, its end read without a \
                   lock, one UPDATE moving min_seq past it (the only statement under the row lock), then one \
                   statement without the lock deleting the range below min_seq and inserting its sends' tombstones; \
-                  each chunk followed by a rest as long as it took, timed per chunk from the first statement's pool \
+                  each chunk followed by a rest of (100 - duty_pct) / duty_pct times what it took (the `duty_pct` of each \
+                  purge), timed per chunk from the first statement's pool \
                   checkout to the sweep's commit. Events/s and tombstones/s are over the wall time of the whole \
                   purge, rests included.",
         "hot_group": "The actor write path in process (Engine::start, as imcore-load write): one group of 64 members, \
