@@ -20,7 +20,7 @@ use crate::cluster::{Bus, BusError};
 use crate::config::{admin_token_path, Config, RetentionSettings, WritePath, MIN_ADMIN_TOKEN_CHARS, SHUTDOWN_GRACE};
 use crate::gateway::{self, AppState};
 use crate::pg::{EmbeddedPg, PgError, PgOptions, DATABASE};
-use crate::store::{Store, StoreError};
+use crate::store::{Pace, Store, StoreError};
 use crate::writer::Engine;
 
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +184,7 @@ async fn purge_periodically(store: Store, settings: RetentionSettings) {
     ticks.tick().await; // the first tick is now: wait a whole interval first
     loop {
         ticks.tick().await;
-        match store.purge_expired(settings.chunk, settings.tombstone_horizon()).await {
+        match store.purge_expired(Pace::of(&settings), settings.tombstone_horizon()).await {
             Ok(report) if report.events_purged > 0 || report.tombstones_expired > 0 => {
                 tracing::info!(?report, "retention purge")
             }

@@ -561,8 +561,9 @@ pub struct RetentionSettings {
     )]
     pub interval_ms: u64,
 
-    /// Events purged per transaction: how long a purge holds a
-    /// conversation's row lock, and so delays its writes, at most.
+    /// Events purged per step: one statement that deletes and buries them
+    /// without the conversation's row lock (its `min_seq` moved past them
+    /// first, one UPDATE under the lock).
     #[arg(
         long = "retention-chunk",
         value_name = "EVENTS",
@@ -570,6 +571,17 @@ pub struct RetentionSettings {
         default_value_t = RetentionSettings::default().chunk
     )]
     pub chunk: i64,
+
+    /// Percent of the time a purge works: after each chunk it rests for the
+    /// rest, leaving the database's CPU and WAL to the writers (100: never rests).
+    #[arg(
+        long = "retention-duty-pct",
+        value_name = "PERCENT",
+        env = "IMCORE_RETENTION_DUTY_PCT",
+        default_value_t = RetentionSettings::default().duty_pct,
+        value_parser = clap::value_parser!(u32).range(1..=100)
+    )]
+    pub duty_pct: u32,
 
     /// Ms a tombstone is kept after its send was purged; 0: forever. Past
     /// it, a retry of that send arriving even later would append it again.
@@ -591,7 +603,7 @@ impl RetentionSettings {
 
 impl Default for RetentionSettings {
     fn default() -> Self {
-        Self { interval_ms: 60_000, chunk: 1_000, tombstone_horizon_ms: 0 }
+        Self { interval_ms: 60_000, chunk: 1_000, duty_pct: 25, tombstone_horizon_ms: 0 }
     }
 }
 

@@ -10,7 +10,7 @@ use super::group::written_json;
 use super::http::{fields, resource};
 use super::{auth, AppState};
 use crate::domain::{check_text, Rejection, MAX_DISPLAY_NAME_CHARS};
-use crate::store::{BanOp, WriteOp};
+use crate::store::{BanOp, Pace, WriteOp};
 use crate::writer::WriteFailure;
 
 fn string_field<'a>(fields: &'a Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
@@ -112,7 +112,7 @@ async fn unban(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpRespo
 async fn run_retention(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     auth::admin(&state, &req)?;
     let settings = &state.config.retention;
-    let report = state.store.purge_expired(settings.chunk, settings.tombstone_horizon()).await?;
+    let report = state.store.purge_expired(Pace::of(settings), settings.tombstone_horizon()).await?;
     Ok(HttpResponse::Ok().json(json!({
         "conversations": report.conversations,
         "events_purged": report.events_purged,

@@ -66,7 +66,7 @@ pub use people::{FoundUser, SEARCH_USERS};
 pub use presence::Membership;
 pub use pushers::{NewPusher, NotifyLevel};
 pub use read::{MarkedRead, MemberRead, ReadsPage};
-pub use retention::PurgeReport;
+pub use retention::{Pace, PurgeReport};
 pub use sync::{ReactionCount, SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use tail::{Tail, TailCounts};
 pub use write::{

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use imcore::domain::{LeaveReason, Rejection};
-use imcore::store::{LeaveOp, SendAck, WriteOp};
+use imcore::store::{LeaveOp, Pace, SendAck, WriteOp};
 use imcore_actors::ConvId;
 use serde_json::json;
 
@@ -79,7 +79,7 @@ async fn replays_in_merged_rounds_are_answered_from_the_log_from_tombstones_and_
         if kind == Kind::Purged {
             age_all(&c, &g).await;
             env.send(&g, "u-ana", "a2", text("a2")).await.expect("a2");
-            env.store().purge_conversation(&g, 100).await.expect("purge");
+            env.store().purge_conversation(&g, Pace::chunk(100)).await.expect("purge");
         }
         if kind == Kind::Left {
             let leave = LeaveOp { user: uid("u-ben"), actor: uid("u-ben"), reason: LeaveReason::Left };

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use imcore::store::Pace;
 use serde_json::{json, Value};
 
 use crate::evidence::Check;
@@ -136,7 +137,7 @@ async fn arrange(s: &TestServer, t: &HashMap<&'static str, String>, conv: &str) 
     age(s, conv, &upto, 10 * 86_400_000).await;
     age(s, conv, &[m["old"], m["dans_old"], m["dans_old2"]], 3_600_000).await;
     let conv_id = imcore_actors::ConvId::parse(conv).expect("conv id");
-    let (purged, _) = s.db.store.purge_conversation(&conv_id, 100).await.expect("purge");
+    let (purged, _) = s.db.store.purge_conversation(&conv_id, Pace::chunk(100)).await.expect("purge");
     assert_eq!(purged as i64, m["purged"], "the purge took the prefix up to the purged message");
     m
 }

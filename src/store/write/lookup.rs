@@ -444,7 +444,8 @@ async fn lookup_applications(tx: &Client, jobs: &[BatchJob]) -> Result<HashMap<C
 }
 
 /// For each op with a target (`recall`, `edit`, `react`, a `send`'s
-/// `reply_to`): the target if it is a `msg` still in the log, whether it lies
+/// `reply_to`): the target if it is a `msg` still in the log (from `min_seq`:
+/// a purge's sweep deletes below it without the row lock), whether it lies
 /// inside one of the caller's periods, and the recall that already erased
 /// it, if any.
 const LOOKUP_TARGETS: &str = "
@@ -454,6 +455,7 @@ SELECT k.conv, k.u, k.s, e.sender_user, e.created_at,
                   AND (p.to_seq IS NULL OR p.to_seq >= k.s)),
        (SELECT min(r.seq) FROM events r WHERE r.conv_id = k.conv AND r.kind = 'recall' AND r.target_seq = k.s)
   FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(conv, u, s)
+  JOIN conversations c ON c.conv_id = k.conv AND k.s >= c.min_seq
   JOIN events e ON e.conv_id = k.conv AND e.seq = k.s AND e.kind = 'msg'";
 
 /// A target as the transaction found it, for one caller.

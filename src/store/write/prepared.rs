@@ -137,6 +137,8 @@ conv AS (
      AND (c.min_seq = 1 OR NOT EXISTS (
        SELECT 1 FROM unnest($5::text[], $7::text[]) AS k(sender, key), LATERAL (
          SELECT 1 FROM idem_tombstones WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key
+         UNION ALL
+         SELECT 1 FROM events WHERE conv_id = $16 AND sender_user = k.sender AND client_msg_id = k.key
           LIMIT 1) t))),
 appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,

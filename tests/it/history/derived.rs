@@ -1,6 +1,8 @@
 //! What history derives and keeps: unread mentions, the naive statements the
 //! checks catch, retention of reactions and edits, and the pushes.
 
+use imcore::store::Pace;
+
 use super::races::{a_set, toggled};
 use super::*;
 
@@ -178,7 +180,7 @@ async fn retention_takes_a_messages_reactions_and_answers_its_edits_key_from_a_t
     let keep = call("send", json!({"client_msg_id": "k", "body": text("k")})).await["seq"].as_i64().expect("seq");
     age(&s, conv, &(1..keep).collect::<Vec<_>>(), 2 * 86_400_000).await;
     let conv_id = imcore_actors::ConvId::parse(conv).expect("conv id");
-    let (purged, _) = s.db.store.purge_conversation(&conv_id, 100).await.expect("purge");
+    let (purged, _) = s.db.store.purge_conversation(&conv_id, Pace::chunk(100)).await.expect("purge");
     let db = s.db.client().await;
     let left: i64 = db
         .query_one(

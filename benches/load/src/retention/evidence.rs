@@ -104,10 +104,13 @@ pub fn method(events: i64, tombstones: i64, retention_ms: i64) -> Value {
              INSERT ... SELECT generate_series straight into events (distinct client_msg_ids, 32-byte request \
              hashes, created_at a day back) with next_seq moved past them: all due. The fill bypasses the write \
              path; the purges and every send measured do not."),
-        "purge": "Store::purge_watched, what Store::purge_conversation runs: chunks of one transaction each \
-                  (row lock, DELETE of a log prefix, INSERT of its sends' tombstones, min_seq moved), each followed \
-                  by a rest as long as it took, timed per chunk from pool checkout to commit. Events/s and \
-                  tombstones/s are over the wall time of the whole purge, rests included.",
+        "purge": "Store::purge_watched, what Store::purge_conversation runs: per chunk, its end read without a \
+                  lock, one UPDATE moving min_seq past it (the only statement under the row lock), then one \
+                  statement without the lock deleting the range below min_seq and inserting its sends' tombstones; \
+                  each chunk followed by a rest of (100 - duty_pct) / duty_pct times what it took (the `duty_pct` of each \
+                  purge), timed per chunk from the first statement's pool \
+                  checkout to the sweep's commit. Events/s and tombstones/s are over the wall time of the whole \
+                  purge, rests included.",
         "hot_group": "The actor write path in process (Engine::start, as imcore-load write): one group of 64 members, \
                       C closed-loop senders, each its own device and key space, after an unrecorded 3 s warm-up run. \
                       A run during a purge shares its duration; the purge stops between chunks when the run's time \

@@ -3,8 +3,8 @@
 //! 1. purge rate: a conversation of a million old sends purged chunk by
 //!    chunk (events/s, tombstones/s, per-chunk transaction time);
 //! 2. a hot group while a purge runs — of another conversation, and of its
-//!    own old events (each chunk holds its row lock) — against the same hot
-//!    group with no purge;
+//!    own old events (each chunk moves its `min_seq` under the row lock) —
+//!    against the same hot group with no purge;
 //! 3. the send path where the tombstone probe runs (`min_seq > 1`) with a
 //!    million tombstones against the same conversation shape without any.
 //!
@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use imcore::config::{RetentionSettings, StoreSettings, WritePath};
-use imcore::store::{GroupSettings, Store};
+use imcore::store::{GroupSettings, Pace, Store};
 use imcore_actors::{ConvId, UserId};
 use serde_json::{json, Value};
 
@@ -42,6 +42,9 @@ pub struct Args {
     /// --events (the first also paces the purges under load).
     #[arg(long, value_delimiter = ',', default_values_t = [RetentionSettings::default().chunk, 10_000])]
     chunks: Vec<i64>,
+    /// Percent of the time a purge works (`IMCORE_RETENTION_DUTY_PCT`).
+    #[arg(long, default_value_t = RetentionSettings::default().duty_pct)]
+    duty_pct: u32,
     /// Tombstones of the conversation whose sends probe them.
     #[arg(long, default_value_t = 1_000_000)]
     tombstones: i64,
@@ -103,8 +106,13 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
 }
 
 impl Bench<'_> {
-    fn chunk(&self) -> i64 {
-        self.args.chunks.first().copied().unwrap_or(RetentionSettings::default().chunk)
+    /// The first chunk size at the run's duty: the pace of every purge but the rate runs'.
+    fn pace(&self) -> Pace {
+        self.pace_of(self.args.chunks.first().copied().unwrap_or(RetentionSettings::default().chunk))
+    }
+
+    fn pace_of(&self, chunk: i64) -> Pace {
+        Pace { chunk, duty_pct: self.args.duty_pct }
     }
 
     fn id(&self, name: &str) -> String {
@@ -153,7 +161,7 @@ impl Bench<'_> {
         let mut out = vec![];
         for &chunk in &self.args.chunks {
             let filled = self.filled(&format!("rate-{chunk}")).await?;
-            let purged = purge::purge(&self.store, &filled.conv, chunk, None).await?;
+            let purged = purge::purge(&self.store, &filled.conv, self.pace_of(chunk), None).await?;
             let verified = purge::check(&self.store, &filled, &purged).await?;
             eprintln!("purge-rate         {}  verified {verified}", purged.text());
             out.push(evidence::purge("purge-rate", &filled, &purged, verified));
@@ -207,7 +215,7 @@ impl Bench<'_> {
         let until = Instant::now() + Duration::from_secs(self.args.seconds);
         let (run, purged) = futures_util::join!(
             self.hot(scenario, conv, self.args.senders, keys),
-            purge::purge(&self.store, &filled.conv, self.chunk(), Some(until))
+            purge::purge(&self.store, &filled.conv, self.pace(), Some(until))
         );
         let (run, purged) = (run?, purged?);
         let verified = purge::check(&self.store, filled, &purged).await?;
@@ -241,7 +249,7 @@ impl Bench<'_> {
     /// purged: `min_seq > 1`, and no tombstones (they were not sends).
     async fn probing_group(&self, name: &str) -> Result<ConvId, BoxError> {
         let conv = fill::old_group(&self.store, &self.users, &self.id(name)).await?;
-        let (events, tombstones) = self.store.purge_conversation(&conv, self.chunk()).await?;
+        let (events, tombstones) = self.store.purge_conversation(&conv, self.pace()).await?;
         if events == 0 || tombstones != 0 {
             return Err(format!("{conv}: purging its creation events purged {events}, buried {tombstones}").into());
         }

@@ -1,10 +1,10 @@
 //! Purging a conversation chunk by chunk through `Store::purge_watched` (what
-//! `purge_conversation` runs), timing each chunk's transaction, and
+//! `purge_conversation` runs), timing each chunk (advance and sweep), and
 //! checking what the purge left.
 
 use std::time::Instant;
 
-use imcore::store::Store;
+use imcore::store::{Pace, Store};
 use imcore_actors::ConvId;
 use serde_json::{json, Value};
 
@@ -14,7 +14,7 @@ use crate::percentiles::Percentiles;
 
 /// What one purge did, and how long its chunks took.
 pub struct Purged {
-    pub chunk: i64,
+    pub pace: Pace,
     pub events: u64,
     pub tombstones: u64,
     pub seconds: f64,
@@ -23,13 +23,13 @@ pub struct Purged {
     pub complete: bool,
 }
 
-/// Purges `conv`, `chunk` events per transaction, as the product does,
+/// Purges `conv` at `pace`, as the product does,
 /// until nothing is due or `until` passes (checked between chunks).
-pub async fn purge(store: &Store, conv: &ConvId, chunk: i64, until: Option<Instant>) -> Result<Purged, BoxError> {
+pub async fn purge(store: &Store, conv: &ConvId, pace: Pace, until: Option<Instant>) -> Result<Purged, BoxError> {
     let started = Instant::now();
     let (mut events, mut tombstones, mut chunk_ms) = (0, 0, vec![]);
     let complete = store
-        .purge_watched(conv, chunk, |e, b, took| {
+        .purge_watched(conv, pace, |e, b, took| {
             chunk_ms.push(took.as_secs_f64() * 1000.0);
             events += e;
             tombstones += b;
@@ -37,13 +37,14 @@ pub async fn purge(store: &Store, conv: &ConvId, chunk: i64, until: Option<Insta
         })
         .await?;
     let seconds = started.elapsed().as_secs_f64();
-    Ok(Purged { chunk, events, tombstones, seconds, chunk_ms: Percentiles::of(chunk_ms), complete })
+    Ok(Purged { pace, events, tombstones, seconds, chunk_ms: Percentiles::of(chunk_ms), complete })
 }
 
 impl Purged {
     pub fn json(&self) -> Value {
         json!({
-            "chunk": self.chunk,
+            "chunk": self.pace.chunk,
+            "duty_pct": self.pace.duty_pct,
             "events_purged": self.events,
             "tombstones_written": self.tombstones,
             "seconds": (self.seconds * 100.0).round() / 100.0,
@@ -57,8 +58,9 @@ impl Purged {
 
     pub fn text(&self) -> String {
         format!(
-            "chunk {:>6}: {:>8} events, {:>8} tombstones in {:.1} s = {:>7.0} events/s, {} chunks, chunk txn {}{}",
-            self.chunk,
+            "chunk {:>6} duty {:>3}%: {:>8} events, {:>8} tombstones in {:.1} s = {:>7.0} events/s, {} chunks, chunk txn {}{}",
+            self.pace.chunk,
+            self.pace.duty_pct,
             self.events,
             self.tombstones,
             self.seconds,
