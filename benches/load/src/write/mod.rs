@@ -80,7 +80,7 @@ pub struct Args {
     /// PostgreSQL instances the split scenario spreads conversations over.
     #[arg(long, default_value_t = 2)]
     shards: usize,
-    /// Rounds of the split scenario (each: one, split, one pinned).
+    /// Rounds of the split scenario (each: one, split, split with 256 senders per shard, one pinned).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     #[arg(long, default_value = "evidence/bench/split.json")]

@@ -2,10 +2,11 @@
 //! over `--conversations`) on one PostgreSQL, against the same load with the
 //! storage split by `conv_id` over `--shards` embedded PostgreSQL instances
 //! (a Store and Writer each; users on every shard, as Citus reference tables
-//! are), and against the one PostgreSQL pinned to one core; alternated
-//! `--rounds` times. Per run: acked msgs/s, ack latency, PostgreSQL CPU per
-//! message from /proc, WAL fsyncs per second; every run verified on each of
-//! its shards. Writes `--split-out`. Why: STORAGE_PLAN "How it scales, measured".
+//! are; 256 senders in all, then 256 per shard), and against the one
+//! PostgreSQL pinned to one core; alternated `--rounds` times. Per run: acked
+//! msgs/s, ack latency, PostgreSQL CPU per message from /proc, WAL fsyncs per
+//! second; every run verified on each of its shards. Writes `--split-out`.
+//! Why: STORAGE_PLAN "How it scales, measured".
 
 use std::time::Duration;
 
@@ -31,15 +32,20 @@ enum Setup {
     One,
     /// Conversations on `--shards` PostgreSQL instances by a hash of `conv_id`.
     Split,
+    /// As `Split`, with 256 senders per shard: each shard offered the load `One` is.
+    SplitScaled,
     /// As `One`, the PostgreSQL's processes pinned to one core (the app is not).
     OnePinned,
 }
 
 impl Setup {
+    const ALL: [Setup; 4] = [Setup::One, Setup::Split, Setup::SplitScaled, Setup::OnePinned];
+
     fn name(self) -> &'static str {
         match self {
             Setup::One => "one",
             Setup::Split => "split",
+            Setup::SplitScaled => "split-scaled",
             Setup::OnePinned => "one-pinned",
         }
     }
@@ -86,8 +92,9 @@ pub(super) async fn run(args: &Args, settings: &StoreSettings, run_id: &str) -> 
     }
     let mut runs = vec![];
     for round in 0..args.rounds.max(1) {
-        for setup in [Setup::One, Setup::Split, Setup::OnePinned] {
-            let used = if setup == Setup::Split { &instances[..] } else { &instances[..1] };
+        for setup in Setup::ALL {
+            let split = matches!(setup, Setup::Split | Setup::SplitScaled);
+            let used = if split { &instances[..] } else { &instances[..1] };
             let r = one_run(used, setup, &users, args, &format!("{run_id}-{round}")).await?;
             runs.push(with_round(r, round));
         }
@@ -155,7 +162,8 @@ async fn one_run(used: &[Instance], setup: Setup, users: &[UserId], args: &Args,
     let writers: Vec<_> = used.iter().map(|i| writer(&i.store, WritePath::Actor, args.commit_workers)).collect();
     let shards: Vec<Shard> = used.iter().zip(&writers).map(|(i, w)| Shard { store: &i.store, writer: w }).collect();
     let wal_before = wal(used, args.pool_size).await?;
-    let load = Load { convs: &convs, users, senders: 256, keys: "", budget: args.budget(), rate: None };
+    let senders = if setup == Setup::SplitScaled { 256 * used.len() } else { 256 };
+    let load = Load { convs: &convs, users, senders, keys: "", budget: args.budget(), rate: None };
     let mut marks = vec![];
     let measured =
         measured_on(&shards, &placed, "many-conversations", WritePath::Actor, &load, || marks.push(Mark::now(used)))
@@ -257,7 +265,7 @@ fn summary(runs: &[Value]) -> Value {
     };
     let keys =
         ["acked_per_s", "postgres_cpu_us_per_msg", "postgres_cores", "generator_cpu_us_per_msg", "wal_syncs_per_s"];
-    let setups = [Setup::One, Setup::Split, Setup::OnePinned].map(Setup::name);
+    let setups = Setup::ALL.map(Setup::name);
     let medians: serde_json::Map<String, Value> = setups
         .iter()
         .map(|s| (s.to_string(), keys.iter().map(|k| (k.to_string(), median(field(s, k)))).collect()))
@@ -265,6 +273,7 @@ fn summary(runs: &[Value]) -> Value {
     json!({
         "medians": medians,
         "split_over_one": ratio("split"),
+        "split_scaled_over_one": ratio("split-scaled"),
         "pinned_over_one": ratio("one-pinned"),
     })
 }
