@@ -197,6 +197,8 @@ fn figures(run: &Run, setup: Setup, shards: usize, placed: &[usize], (a, b): (Ma
     v["generator_cpu_us_per_msg"] = json!(generator_s * 1e6 / msgs);
     v["generator_cores"] = json!(per_s(generator_s));
     v["machine_busy_share"] = json!(busy);
+    // Busy cores this run's processes do not account for: other work on the machine.
+    v["other_cores"] = json!(busy * cores() - per_s(postgres_s) - per_s(generator_s));
     v["wal_syncs_per_s"] = json!(per_s(syncs));
     v["msgs_per_wal_sync"] = json!(if syncs > 0.0 { msgs / syncs } else { 0.0 });
     v["wal_records_per_msg"] = json!((wal.1.records - wal.0.records) as f64 / msgs);
@@ -204,18 +206,23 @@ fn figures(run: &Run, setup: Setup, shards: usize, placed: &[usize], (a, b): (Ma
     eprintln!("{:<10} {}", setup.name(), summary_line(run));
     eprintln!(
         "{:<10} postgres {:.1} µs/msg ({:.2} cores), generator {:.1} µs/msg ({:.2} cores), machine busy {:.0}%, \
-         {:.0} WAL fsyncs/s ({:.1} msgs each), {:.2} WAL records/msg",
+         other work {:.2} cores, {:.0} WAL fsyncs/s ({:.1} msgs each), {:.2} WAL records/msg",
         "",
         postgres_s * 1e6 / msgs,
         per_s(postgres_s),
         generator_s * 1e6 / msgs,
         per_s(generator_s),
         busy * 100.0,
+        busy * cores() - per_s(postgres_s) - per_s(generator_s),
         per_s(syncs),
         if syncs > 0.0 { msgs / syncs } else { 0.0 },
         (wal.1.records - wal.0.records) as f64 / msgs
     );
     v
+}
+
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
 /// `pg_stat_wal` summed over instances.
@@ -263,8 +270,14 @@ fn summary(runs: &[Value]) -> Value {
     let ratio = |setup: &str| -> Vec<f64> {
         field(setup, "acked_per_s").iter().zip(field("one", "acked_per_s")).map(|(x, one)| x / one.max(1.0)).collect()
     };
-    let keys =
-        ["acked_per_s", "postgres_cpu_us_per_msg", "postgres_cores", "generator_cpu_us_per_msg", "wal_syncs_per_s"];
+    let keys = [
+        "acked_per_s",
+        "postgres_cpu_us_per_msg",
+        "postgres_cores",
+        "generator_cpu_us_per_msg",
+        "wal_syncs_per_s",
+        "other_cores",
+    ];
     let setups = Setup::ALL.map(Setup::name);
     let medians: serde_json::Map<String, Value> = setups
         .iter()
