@@ -155,11 +155,57 @@ pub async fn measured(
     path: WritePath,
     load: &Load<'_>,
 ) -> Result<Run, BoxError> {
-    let first_seqs = next_seqs(store, load.convs).await?;
+    let shards = [Shard { store, writer }];
+    measured_on(&shards, &vec![0; load.convs.len()], scenario, path, load, || {}).await
+}
+
+/// One PostgreSQL of a run whose storage is split by conversation: its store
+/// and the writer committing to it.
+pub struct Shard<'a> {
+    pub store: &'a Store,
+    pub writer: &'a Writer,
+}
+
+/// [`measured`] with conversation `i` stored on `shards[shard_of[i]]` (each
+/// send goes to that shard's writer; each shard's part is verified on it).
+/// `window` is called right before the senders start and right after they end.
+pub async fn measured_on(
+    shards: &[Shard<'_>],
+    shard_of: &[usize],
+    scenario: &'static str,
+    path: WritePath,
+    load: &Load<'_>,
+    mut window: impl FnMut(),
+) -> Result<Run, BoxError> {
+    // Per shard: its conversations (indexes into `load.convs`) and their first seqs.
+    let mut parts = vec![];
+    for (k, shard) in shards.iter().enumerate() {
+        let idx: Vec<usize> = (0..load.convs.len()).filter(|&i| shard_of[i] == k).collect();
+        let convs: Vec<ConvId> = idx.iter().map(|&i| load.convs[i].clone()).collect();
+        let first = next_seqs(shard.store, &convs).await?;
+        parts.push((idx, convs, first));
+    }
+    let writers: Vec<Writer> = shards.iter().map(|s| s.writer.clone()).collect();
     let phases_before = write_phase_totals();
-    let (acks, failed, elapsed) = drive(writer, load).await;
+    window();
+    let (acks, failed, elapsed) = drive(&writers, shard_of, load).await;
+    window();
     let (phase_ms, phase_count) = phases(&phases_before, &write_phase_totals());
-    writer.shutdown().await;
+    for w in &writers {
+        w.shutdown().await;
+    }
+    let (mut verified, mut rows, mut txns, mut max) = (true, 0.0, 0.0, 0);
+    for (shard, (idx, convs, first)) in shards.iter().zip(&parts) {
+        // The shard's acks, their conversation renumbered into its own list.
+        let local: HashMap<usize, usize> = idx.iter().enumerate().map(|(j, &i)| (i, j)).collect();
+        let acks: Vec<Ack> = acks
+            .iter()
+            .filter_map(|a| local.get(&a.conv).map(|&j| Ack { conv: j, seq: a.seq, key: a.key.clone(), ms: a.ms }))
+            .collect();
+        verified &= verify(shard.store, convs, first, &acks).await?;
+        let (r, t, m) = batch_sizes(shard.store, convs, first).await?;
+        (rows, txns, max) = (rows + r, txns + t, max.max(m));
+    }
     Ok(Run {
         scenario,
         write_path: path_name(path),
@@ -168,9 +214,9 @@ pub async fn measured(
         messages: acks.len() as u64,
         acked_per_s: acks.len() as f64 / elapsed.as_secs_f64(),
         ack_ms: Percentiles::of(acks.iter().map(|a| a.ms).collect()),
-        batch: batch_sizes(store, load.convs, &first_seqs).await?,
+        batch: (if txns > 0.0 { rows / txns } else { 0.0 }, max),
         failed,
-        verified: verify(store, load.convs, &first_seqs, &acks).await?,
+        verified,
         target_rate: load.rate,
         phase_ms,
         phase_count,
@@ -188,8 +234,9 @@ struct Ack {
 /// pass: closed loop (each sender waits for its ack), or open loop at `rate`
 /// msgs/s in all (each write its own task, so acks are timed when they
 /// arrive). With several conversations a sender picks one at random per
-/// message and sends as one of its members (group i holds users i..i+3 mod 64).
-async fn drive(writer: &Writer, load: &Load<'_>) -> (Vec<Ack>, u64, Duration) {
+/// message and sends as one of its members (group i holds users i..i+3 mod 64),
+/// through the writer of its shard (`writers[shard_of[i]]`).
+async fn drive(writers: &[Writer], shard_of: &[usize], load: &Load<'_>) -> (Vec<Ack>, u64, Duration) {
     type Done = (Result<Written, WriteFailure>, usize, String, Duration);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Done>();
     let issued = Arc::new(AtomicU64::new(0));
@@ -197,7 +244,7 @@ async fn drive(writer: &Writer, load: &Load<'_>) -> (Vec<Ack>, u64, Duration) {
     let started = Instant::now();
     let (budget, rate, senders, keys) = (load.budget.messages, load.rate, load.senders, load.keys);
     for s in 0..senders {
-        let (writer, issued, tx) = (writer.clone(), issued.clone(), tx.clone());
+        let (writers, shard_of, issued, tx) = (writers.to_vec(), shard_of.to_vec(), issued.clone(), tx.clone());
         let device = DeviceId::parse(&format!("dev-{s}")).unwrap_or_else(|_| unreachable!("valid"));
         let (convs, users) = (load.convs.to_vec(), load.users.to_vec());
         actix::spawn(async move {
@@ -238,7 +285,7 @@ async fn drive(writer: &Writer, load: &Load<'_>) -> (Vec<Ack>, u64, Duration) {
                     mentions: Vec::new(),
                 });
                 let t = Instant::now();
-                let write = writer.write(convs[ci].clone(), op);
+                let write = writers[shard_of[ci]].write(convs[ci].clone(), op);
                 let tx = tx.clone();
                 let done = async move {
                     let result = write.await;
@@ -325,18 +372,19 @@ async fn verify(store: &Store, convs: &[ConvId], first_seqs: &[i64], acks: &[Ack
     Ok(ok)
 }
 
-/// Batch sizes as PostgreSQL saw them: the run's rows per inserting transaction (xmin).
-async fn batch_sizes(store: &Store, convs: &[ConvId], first_seqs: &[i64]) -> Result<(f64, i64), BoxError> {
+/// Batch sizes as PostgreSQL saw them: the run's rows, the inserting
+/// transactions (by xmin), and the most rows one of them inserted.
+async fn batch_sizes(store: &Store, convs: &[ConvId], first_seqs: &[i64]) -> Result<(f64, f64, i64), BoxError> {
     let conn = store.pool().get().await?;
     let ids: Vec<&str> = convs.iter().map(|c| c.as_str()).collect();
     let r = conn
         .query_one(
-            "SELECT coalesce(avg(n)::float8, 0), coalesce(max(n), 0) FROM (
+            "SELECT coalesce(sum(n)::float8, 0), count(*)::float8, coalesce(max(n), 0) FROM (
                SELECT count(*) AS n FROM unnest($1::text[], $2::int8[]) AS r(conv_id, first_seq)
                  JOIN events e ON e.conv_id = r.conv_id AND e.seq >= r.first_seq AND e.kind = 'msg'
                 GROUP BY e.xmin::text) t",
             &[&ids, &first_seqs],
         )
         .await?;
-    Ok((r.get(0), r.get(1)))
+    Ok((r.get(0), r.get(1), r.get(2)))
 }

@@ -2,8 +2,10 @@
 //! (hot group, many conversations, the no-checks ceiling, latency at half
 //! load), comparing the `actor` and `direct` write paths in one run against a
 //! real PostgreSQL with durability on. Verifies P1/P2 on what each scenario
-//! wrote and writes `evidence/bench/hot-group.json`. Every run is bounded in
-//! messages and time; a run that did not verify makes the command fail.
+//! wrote and writes `evidence/bench/hot-group.json`; `--scenario split` puts
+//! the many-conversations load on several PostgreSQL instances (`split.rs`).
+//! Every run is bounded in messages and time; a run that did not verify makes
+//! the command fail.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +22,7 @@ use crate::environment::{self, BoxError};
 use crate::senders::{body, create_users, group, measured, path_name, summary_line, writer, Budget, Load, Run};
 
 mod latency;
+mod split;
 
 /// What `imcore-load write` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -31,6 +34,10 @@ pub enum Scenario {
     /// Many conversations through the commit stage, and the ceiling: printed
     /// only (for a before/after of the merged path).
     Many,
+    /// Many conversations on one PostgreSQL, split by `conv_id` over
+    /// `--shards`, and on one PostgreSQL pinned to one core, alternated
+    /// `--rounds` times: `--split-out`.
+    Split,
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,6 +77,14 @@ pub struct Args {
     latency_senders: Vec<usize>,
     #[arg(long, default_value = "evidence/bench/latency.json")]
     latency_out: PathBuf,
+    /// PostgreSQL instances the split scenario spreads conversations over.
+    #[arg(long, default_value_t = 2)]
+    shards: usize,
+    /// Rounds of the split scenario (each: one, split, split with 256 senders per shard, one pinned).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[arg(long, default_value = "evidence/bench/split.json")]
+    split_out: PathBuf,
 }
 
 impl Args {
@@ -86,8 +101,11 @@ pub fn main(args: Args) -> std::process::ExitCode {
 async fn run(args: Args) -> Result<Vec<String>, BoxError> {
     let large_groups = LargeGroupSettings { activity_resolution_ms: args.activity_resolution_ms, ..Default::default() };
     let settings = StoreSettings { large_groups, ..StoreSettings::pool(args.pool_size) };
-    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, &settings).await?;
     let run_id = format!("{:x}", chrono::Utc::now().timestamp_millis());
+    if args.scenario == Scenario::Split {
+        return split::run(&args, &settings, &run_id).await;
+    }
+    let (_pg, store) = environment::database(args.database_url.as_deref(), &args.data_dir, &settings).await?;
     let users = create_users(&store, &format!("load-{run_id}")).await?;
     if args.scenario == Scenario::Latency {
         return latency::run(&store, &args, &users, &run_id).await;
@@ -207,17 +225,8 @@ async fn many_conversations(
 ) -> Result<Run, BoxError> {
     let mut convs = Vec::with_capacity(args.conversations);
     for i in 0..args.conversations {
-        let members: Vec<UserId> = (1..4).map(|k| users[(i + k) % users.len()].clone()).collect();
-        let created = store
-            .create_conversation(&CreateConversation::Group {
-                creator: users[i % users.len()].clone(),
-                conv_id: Some(ConvId::parse(&format!("many-{run_id}-{}{commit_workers}-{i}", path_name(path)))?),
-                name: "many".into(),
-                members,
-                settings: GroupSettings::default(),
-            })
-            .await?;
-        convs.push(created.info.conv_id);
+        let id = ConvId::parse(&format!("many-{run_id}-{}{commit_workers}-{i}", path_name(path)))?;
+        convs.push(store.create_conversation(&quiet_group(users, i, id)).await?.info.conv_id);
     }
     let writer = writer(store, path, commit_workers);
     let scenario = if path == WritePath::Actor && commit_workers == 0 {
@@ -227,6 +236,17 @@ async fn many_conversations(
     };
     let load = Load { convs: &convs, users, senders: 256, keys: "", budget: args.budget(), rate: None };
     measured(store, &writer, scenario, path, &load).await
+}
+
+/// Quiet group `i` of the many-conversations load: users i..i+3 (mod 64), the first its creator.
+fn quiet_group(users: &[UserId], i: usize, conv_id: ConvId) -> CreateConversation {
+    CreateConversation::Group {
+        creator: users[i % users.len()].clone(),
+        conv_id: Some(conv_id),
+        name: "many".into(),
+        members: (1..4).map(|k| users[(i + k) % users.len()].clone()).collect(),
+        settings: GroupSettings::default(),
+    }
 }
 
 /// The same rows with no lock and no checks: 1,000-row INSERT transactions,

@@ -246,7 +246,7 @@ pub fn stop_child(child: &mut Child, what: &str) {
 }
 
 /// Fields after the command name of `/proc/<pid>/stat` (index 0 = state).
-fn proc_stat(pid: i32) -> Option<Vec<String>> {
+pub(crate) fn proc_stat(pid: i32) -> Option<Vec<String>> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &s[s.rfind(')')? + 1..];
     Some(rest.split_whitespace().map(str::to_owned).collect())
