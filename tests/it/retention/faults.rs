@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use imcore::store::{Pace, Store};
+use imcore_actors::ConvId;
 use serde_json::json;
 
 use super::{age_all, hour_group, log_shape, old_history, tombstones, SUITE};
@@ -138,15 +139,7 @@ async fn a_purge_killed_midway_is_finished_by_the_next_run() {
     let kept = env.send(&conv, "u-ana", "kept", text("fresh")).await.expect("fresh send");
     // An uncommitted tombstone for seq 350 stops the 4th chunk ([301, 401)) at its INSERT.
     let blocker = env.db.client().await;
-    blocker.batch_execute("BEGIN").await.expect("begin");
-    blocker
-        .execute(
-            "INSERT INTO idem_tombstones (conv_id, sender_user, client_msg_id, request_hash, seq)
-             SELECT conv_id, sender_user, client_msg_id, request_hash, seq FROM events WHERE conv_id = $1 AND seq = 350",
-            &[&conv.as_str()],
-        )
-        .await
-        .expect("block the 4th chunk");
+    hold_tombstone(&blocker, &conv, 350).await;
     let purger = node(&env).await;
     let kill = async {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -221,15 +214,7 @@ async fn sends_and_a_retry_while_a_sweep_is_held_neither_wait_nor_append_a_purge
     age_all(&c, &conv).await;
     // An uncommitted tombstone for seq 50 holds the first sweep at its INSERT.
     let blocker = env.db.client().await;
-    blocker.batch_execute("BEGIN").await.expect("begin");
-    blocker
-        .execute(
-            "INSERT INTO idem_tombstones (conv_id, sender_user, client_msg_id, request_hash, seq)
-             SELECT conv_id, sender_user, client_msg_id, request_hash, seq FROM events WHERE conv_id = $1 AND seq = 50",
-            &[&conv.as_str()],
-        )
-        .await
-        .expect("hold the first sweep");
+    hold_tombstone(&blocker, &conv, 50).await;
     let purge = env.store().purge_conversation(&conv, Pace::chunk(100));
     let meanwhile = async {
         let held = waiting_on_locks(&c, 1).await;
@@ -272,4 +257,19 @@ async fn sends_and_a_retry_while_a_sweep_is_held_neither_wait_nor_append_a_purge
         pass,
     );
     assert!(pass);
+}
+
+/// Opens a transaction on `blocker` that inserts, uncommitted, the tombstone
+/// of `conv`'s event at `seq`: a sweep burying that event waits at its INSERT
+/// until `blocker` rolls back.
+async fn hold_tombstone(blocker: &tokio_postgres::Client, conv: &ConvId, seq: i64) {
+    blocker.batch_execute("BEGIN").await.expect("begin");
+    blocker
+        .execute(
+            "INSERT INTO idem_tombstones (conv_id, sender_user, client_msg_id, request_hash, seq)
+             SELECT conv_id, sender_user, client_msg_id, request_hash, seq FROM events WHERE conv_id = $1 AND seq = $2",
+            &[&conv.as_str(), &seq],
+        )
+        .await
+        .expect("hold a sweep at its tombstone");
 }
