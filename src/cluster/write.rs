@@ -3,6 +3,7 @@
 //! homes, so the cluster's modules depend one way.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::Either;
@@ -11,7 +12,7 @@ use imcore_actors::ConvId;
 use super::bus::Bus;
 use super::forward::{Forwarded, Route};
 use crate::metrics::metrics;
-use crate::store::{WriteOp, Written};
+use crate::store::{Heads, WriteOp, Written};
 use crate::writer::{WriteFailure, Writer};
 
 /// How long a forwarded write may take at its home before its caller is told
@@ -27,25 +28,33 @@ pub const FORWARD_WAIT: Duration = Duration::from_secs(10);
 /// A home that is not there (no node listens: it died or left before the
 /// others noticed) or a bus that cannot take the request now: written here,
 /// under the row lock like any write. An unanswered forward: `Internal` (it
-/// may have been written; a retry with the same key is safe).
+/// may have been written; a retry with the same key is safe). A forwarded
+/// write's seq goes to `heads` before its answer: its batch may not have
+/// come over the bus yet, and a standby read must have it (ARCHITECTURE §6).
 pub fn write_at_home(
     bus: Option<&Bus>,
     writer: &Writer,
+    heads: &Arc<Heads>,
     conv: ConvId,
     op: WriteOp,
 ) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
-    let route = match bus {
-        Some(bus) => bus.forward(conv, op),
-        None => Route::Here(conv, op),
+    let (route, forwarded_to) = match bus {
+        Some(bus) => (bus.forward(conv.clone(), op), conv),
+        None => return Either::Left(writer.write(conv, op)),
     };
     let answer = match route {
         Route::Here(conv, op) => return Either::Left(writer.write(conv, op)),
         Route::Forwarded(answer) => answer,
     };
-    let writer = writer.clone();
+    let (writer, heads) = (writer.clone(), heads.clone());
     Either::Right(async move {
         let (outcome, result) = match tokio::time::timeout(FORWARD_WAIT, answer).await {
-            Ok(Ok(Forwarded::Answered(result))) => ("answered", Some(result)),
+            Ok(Ok(Forwarded::Answered(result))) => {
+                if let Some(seq) = result.as_ref().ok().and_then(Written::seq) {
+                    heads.saw(&forwarded_to, seq);
+                }
+                ("answered", Some(result))
+            }
             Ok(Ok(Forwarded::NotThere(conv, op))) => ("not_there", Some(writer.write(conv, op).await)),
             Ok(Ok(Forwarded::Lost)) | Ok(Err(_)) => ("lost", None),
             Err(_) => ("unanswered", None),

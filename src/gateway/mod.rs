@@ -136,30 +136,14 @@ impl AppState {
     /// Queued before returning when the gate knows the caller (P6); else
     /// behind the caller's other ops to `conv` waiting for the same check.
     pub fn write(&self, conv: ConvId, op: WriteOp) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
-        // A write answered by its home elsewhere: its seq is committed before
-        // its batch may have come over the bus (a standby read must have it).
-        let heads = self.bus.is_some().then(|| (self.store.heads().clone(), conv.clone()));
-        let written = self.write_through_gate(conv, op);
-        async move {
-            let written = written.await;
-            if let (Some((heads, conv)), Some(seq)) = (heads, written.as_ref().ok().and_then(Written::seq)) {
-                heads.saw(&conv, seq);
-            }
-            written
-        }
-    }
-
-    fn write_through_gate(
-        &self,
-        conv: ConvId,
-        op: WriteOp,
-    ) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
         let Some(user) = op.caller().cloned() else {
             // The operator's (a ban, from the admin endpoint): nobody to turn away.
-            return Either::Left(write_at_home(self.bus.as_deref(), &self.writer, conv, op));
+            return Either::Left(write_at_home(self.bus.as_deref(), &self.writer, self.store.heads(), conv, op));
         };
         let answer = match self.gate.enter(&conv, &user, op) {
-            gate::Entry::Go(op) => return Either::Left(write_at_home(self.bus.as_deref(), &self.writer, conv, op)),
+            gate::Entry::Go(op) => {
+                return Either::Left(write_at_home(self.bus.as_deref(), &self.writer, self.store.heads(), conv, op))
+            }
             gate::Entry::Wait { check, answer } => {
                 if check {
                     self.check_access(conv, user);
@@ -175,13 +159,14 @@ impl AppState {
     /// Runs the gate's check of `user` to `conv` in a task of its own.
     fn check_access(&self, conv: ConvId, user: UserId) {
         let (gate, store, bus, writer) = (self.gate.clone(), self.store.clone(), self.bus.clone(), self.writer.clone());
+        let heads = store.heads().clone();
         actix_web::rt::spawn(async move {
             let access = |join| {
                 let (store, conv, user) = (store.clone(), conv.clone(), user.clone());
                 async move { Ok(store.access(&conv, &user, join).await?) }
             };
             let write = |conv, op, tx: tokio::sync::oneshot::Sender<_>| {
-                let written = write_at_home(bus.as_deref(), &writer, conv, op);
+                let written = write_at_home(bus.as_deref(), &writer, &heads, conv, op);
                 actix_web::rt::spawn(async move {
                     let _ = tx.send(written.await);
                 });
