@@ -58,7 +58,10 @@ SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms, 
 /// `ERASED_FINGERPRINT`, 32 zero bytes), the bodies its edits set,
 /// the reactions it sets and counts, and every conversation row, in one
 /// statement. Each row is written by one part at most (the batch nets its
-/// changes out), as one statement must.
+/// changes out), as one statement must. `last_active_seq + 0` is no index
+/// condition, so a sender's row is found by its primary key: a generic plan
+/// otherwise probed `members_by_activity` (conv_id, last_active_seq) and read
+/// every member below the seq, the whole group in a large one.
 const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
@@ -103,7 +106,7 @@ active AS (
   UPDATE members m SET last_active_seq = a.seq, last_active_at = $16
     FROM (SELECT conv, snd, max(seq) AS seq FROM unnest($1::text[], $2::int8[], $3::text[], $5::text[])
             AS e(conv, seq, kind, snd) WHERE kind = 'msg' GROUP BY conv, snd) a
-   WHERE m.conv_id = a.conv AND m.user_id = a.snd AND m.joined_seq < a.seq AND m.last_active_seq < a.seq
+   WHERE m.conv_id = a.conv AND m.user_id = a.snd AND m.joined_seq < a.seq AND m.last_active_seq + 0 < a.seq
      AND ($43::int8 = 0 OR m.last_active_at IS NULL
           OR m.last_active_at <= $16 - make_interval(secs => $43::int8 / 1000.0)))
 UPDATE conversations c
@@ -114,7 +117,8 @@ UPDATE conversations c
 
 /// `$1`..`$15` are the event columns of the append (`append::EventColumns`);
 /// `$16`.. what the one-trip plan expects of its conversation's row. Each
-/// sender's `last_active_seq` moves with its messages, as in the full append.
+/// sender's `last_active_seq` moves with its messages, as in the full append
+/// (and found by its primary key, as there).
 macro_rules! append_if_unchanged_sql {
     ($lock:literal) => {
         concat!(
@@ -154,7 +158,7 @@ active AS (
   UPDATE members m SET last_active_seq = a.seq, last_active_at = conv.now
     FROM conv, (SELECT snd, max(seq) AS seq FROM unnest($2::int8[], $3::text[], $5::text[]) AS e(seq, kind, snd)
                  WHERE kind = 'msg' GROUP BY snd) a
-   WHERE m.conv_id = $16 AND conv.conv_id = $16 AND m.user_id = a.snd AND m.last_active_seq < a.seq
+   WHERE m.conv_id = $16 AND conv.conv_id = $16 AND m.user_id = a.snd AND m.last_active_seq + 0 < a.seq
      AND ($26::int8 = 0 OR m.last_active_at IS NULL
           OR m.last_active_at <= conv.now - make_interval(secs => $26::int8 / 1000.0)))
 SELECT now FROM conv"
