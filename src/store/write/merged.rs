@@ -132,7 +132,7 @@ async fn attempt(
     phase: &mut Phase,
     keys: KeyLookup,
 ) -> Result<Vec<Share>, Vec<BatchJob>> {
-    let tx = WriteTx::new(conn);
+    let tx = WriteTx::new(conn, &jobs);
     let mut reads = match lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::SkipLocked, keys).await {
         Ok(reads) => reads,
         Err(e) => return Ok(rolled_back(jobs, e)),

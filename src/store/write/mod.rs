@@ -208,7 +208,7 @@ async fn write_on(
         }
     }
     let mut jobs = [job];
-    let tx = WriteTx::new(conn);
+    let tx = WriteTx::new(conn, &jobs);
     let reads = lock_and_read(tx.conn(), tx.begin(), &mut jobs, LockMode::Wait, KeyLookup::WithLock).await?;
     phase.end("lock");
     let applied = apply_batches(tx.conn(), &mut jobs, reads, large, phase).await?;

@@ -23,17 +23,9 @@ use super::batch::BatchBuilder;
 use super::lookup::{ConvRow, LockMode};
 use super::ops::{WriteOp, WriteOutcome, Written};
 use super::prepared::Conn;
+use super::txn::BEGIN_PLANNED_ONCE;
 use super::{Appended, BatchJob, Unfinished, WrittenBatch, ROSTER_CACHE_USERS};
 use crate::domain::{Role, Standing};
-
-/// BEGIN, and the statement planned once per connection (a custom plan per
-/// call cost 0.25 ms of planning at bind). A generic plan is made with the
-/// statistics of its first call, which on a young database say the tables
-/// are all but empty; the statement is written as probes by key (the row by
-/// its key, `LATERAL … LIMIT 1`, scalar subqueries), and scans and hash or
-/// merge joins are priced out, so that plan probes by key at any size.
-const PLANNED_ONCE: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
-                            SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
 
 /// A batch checked against its cache: what it appends if the guard holds.
 pub(super) struct Plan {
@@ -148,8 +140,11 @@ pub(super) async fn commit_plan(
         ];
         conn.client.query_opt(statement, &[&cols.params()[..], &expected].concat()).await
     };
-    let (begun, appended, committed) =
-        futures_util::join!(conn.client.batch_execute(PLANNED_ONCE), appended, conn.client.batch_execute("COMMIT"));
+    let (begun, appended, committed) = futures_util::join!(
+        conn.client.batch_execute(BEGIN_PLANNED_ONCE),
+        appended,
+        conn.client.batch_execute("COMMIT")
+    );
     let now: DateTime<Utc> = match (begun, appended) {
         (Err(e), _) => return Err(Unfinished::Unknown(e.into())),
         // A retry of an event already in the log: nothing was written, and
