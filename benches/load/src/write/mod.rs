@@ -19,7 +19,9 @@ use imcore_actors::{ConvId, UserId};
 use serde_json::{json, Value};
 
 use crate::environment::{self, BoxError};
-use crate::senders::{body, create_users, group, measured, path_name, summary_line, writer, Budget, Load, Run};
+use crate::senders::{
+    body, create_users, group, measured, path_name, summary_line, uid, writer, Budget, Load, Run, GROUP_MEMBERS,
+};
 
 mod latency;
 mod split;
@@ -34,6 +36,9 @@ pub enum Scenario {
     /// Many conversations through the commit stage, and the ceiling: printed
     /// only (for a before/after of the merged path).
     Many,
+    /// The hot group on the actor path at `--senders`, and the ceiling:
+    /// printed only (for a before/after of the hot stream).
+    Hot,
     /// Many conversations on one PostgreSQL, split by `conv_id` over
     /// `--shards`, and on one PostgreSQL pinned to one core, alternated
     /// `--rounds` times: `--split-out`.
@@ -85,6 +90,10 @@ pub struct Args {
     rounds: usize,
     #[arg(long, default_value = "evidence/bench/split.json")]
     split_out: PathBuf,
+    /// Members of the `--scenario hot` group: the 64 senders' users, and
+    /// silent ones up to this count (a large group).
+    #[arg(long, default_value_t = GROUP_MEMBERS)]
+    members: usize,
 }
 
 impl Args {
@@ -95,6 +104,37 @@ impl Args {
 
 pub fn main(args: Args) -> std::process::ExitCode {
     crate::verdict::run_in_process("imcore-load write", run(args))
+}
+
+/// `--scenario hot`: each C of `--senders` on the actor path, then the
+/// ceiling, each rate printed as a share of it.
+async fn hot_only(store: &Store, args: &Args, users: &[UserId], run_id: &str) -> Result<Vec<String>, BoxError> {
+    let mut members = users.to_vec();
+    for i in members.len()..args.members {
+        let silent = uid(&format!("silent-{run_id}-{i}"));
+        store.create_user(&silent, None).await?;
+        members.push(silent);
+    }
+    let mut rates = vec![];
+    let mut failed = vec![];
+    for &senders in &args.senders {
+        let conv = group(store, &members, &format!("hot-{run_id}-{senders}"), GroupSettings::default()).await?;
+        let r = hot_group(store, WritePath::Actor, users, &conv, senders, args, None).await?;
+        eprintln!("{}", summary_line(&r));
+        if !r.verified {
+            failed.push(format!("{}-{senders}", r.scenario));
+        }
+        rates.push((senders, r.acked_per_s));
+    }
+    let ceiling = ceiling(store, args, run_id).await?;
+    for (senders, rate) in rates {
+        eprintln!(
+            "hot-group C={senders}, {} members: {rate:.0} msgs/s, {:.0}% of the ceiling ({ceiling:.0} rows/s)",
+            members.len(),
+            100.0 * rate / ceiling
+        );
+    }
+    Ok(failed)
 }
 
 /// The names of the runs that did not verify.
@@ -116,6 +156,9 @@ async fn run(args: Args) -> Result<Vec<String>, BoxError> {
         let ceiling = ceiling(&store, &args, &run_id).await?;
         eprintln!("ceiling: {ceiling:.0} rows/s; many-conversations at {:.0}% of it", 100.0 * r.acked_per_s / ceiling);
         return Ok(if r.verified { vec![] } else { vec![r.scenario.to_owned()] });
+    }
+    if args.scenario == Scenario::Hot {
+        return hot_only(&store, &args, &users, &run_id).await;
     }
     let mut runs = vec![];
     let mut max_actor_rate: f64 = 0.0;
