@@ -58,10 +58,11 @@ SELECT m.conv_id, m.user_id, m.role, m.mute_until, m.role_until, m.extra_perms, 
 /// `ERASED_FINGERPRINT`, 32 zero bytes), the bodies its edits set,
 /// the reactions it sets and counts, and every conversation row, in one
 /// statement. Each row is written by one part at most (the batch nets its
-/// changes out), as one statement must. `last_active_seq + 0` is no index
-/// condition, so a sender's row is found by its primary key: a generic plan
-/// otherwise probed `members_by_activity` (conv_id, last_active_seq) and read
-/// every member below the seq, the whole group in a large one.
+/// changes out), as one statement must. `joined_seq + 0` and
+/// `last_active_seq + 0` are no index conditions, so a sender's row is found
+/// by its primary key: a generic plan otherwise probed `members_join_order`
+/// or `members_by_activity` by `conv_id` and a range of seqs, reading every
+/// member below the seq, the whole group in a large one.
 const APPEND_EVENTS: &str = "
 WITH appended AS (
   INSERT INTO events (conv_id, seq, kind, message_id, sender_user, sender_device, client_msg_id, request_hash,
@@ -106,7 +107,7 @@ active AS (
   UPDATE members m SET last_active_seq = a.seq, last_active_at = $16
     FROM (SELECT conv, snd, max(seq) AS seq FROM unnest($1::text[], $2::int8[], $3::text[], $5::text[])
             AS e(conv, seq, kind, snd) WHERE kind = 'msg' GROUP BY conv, snd) a
-   WHERE m.conv_id = a.conv AND m.user_id = a.snd AND m.joined_seq < a.seq AND m.last_active_seq + 0 < a.seq
+   WHERE m.conv_id = a.conv AND m.user_id = a.snd AND m.joined_seq + 0 < a.seq AND m.last_active_seq + 0 < a.seq
      AND ($43::int8 = 0 OR m.last_active_at IS NULL
           OR m.last_active_at <= $16 - make_interval(secs => $43::int8 / 1000.0)))
 UPDATE conversations c
