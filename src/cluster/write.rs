@@ -38,11 +38,9 @@ pub fn write_at_home(
     conv: ConvId,
     op: WriteOp,
 ) -> impl Future<Output = Result<Written, WriteFailure>> + 'static {
-    let (route, forwarded_to) = match bus {
-        Some(bus) => (bus.forward(conv.clone(), op), conv),
-        None => return Either::Left(writer.write(conv, op)),
-    };
-    let answer = match route {
+    let Some(bus) = bus else { return Either::Left(writer.write(conv, op)) };
+    let forwarded_to = conv.clone();
+    let answer = match bus.forward(conv, op) {
         Route::Here(conv, op) => return Either::Left(writer.write(conv, op)),
         Route::Forwarded(answer) => answer,
     };
