@@ -351,3 +351,82 @@ async fn a_row_the_schema_forbids_fails_the_read_instead_of_being_skipped_or_def
     );
     assert!(pass);
 }
+
+/// The id checks of migration 0015 against the rule they replaced and the
+/// parser's (one rule for every id: `is_valid_id`): every check accepts
+/// exactly the strings `ClientMsgId::parse` accepts, as the bounded regular expression of 0001 did. Negative control:
+/// the same corpus tells a check without the length bound apart.
+#[actix_web::test]
+async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
+    let env = Env::new(Path::Direct).await;
+    let db = env.db.client().await;
+    let corpus = id_corpus();
+    let parsed: Vec<bool> = corpus.iter().map(|s| ClientMsgId::parse(s).is_ok()).collect();
+    // A check's verdict on each string: NULL (unknown) passes, as in a CHECK.
+    let verdicts = |expr: String, column: &'static str| {
+        let (db, corpus) = (&db, &corpus);
+        async move {
+            let sql = format!(
+                "SELECT coalesce({expr}, true) FROM unnest($1::text[]) WITH ORDINALITY AS s({column}, n) ORDER BY n"
+            );
+            let rows = db.query(&sql, &[corpus]).await.expect("evaluate check");
+            rows.iter().map(|r| r.get::<_, bool>(0)).collect::<Vec<bool>>()
+        }
+    };
+    let mut seen = serde_json::Map::new();
+    let mut pass = true;
+    for (table, column) in
+        [("users", "user_id"), ("devices", "device_id"), ("conversations", "conv_id"), ("events", "client_msg_id")]
+    {
+        let expr: String = db
+            .query_one(
+                "SELECT pg_get_expr(conbin, conrelid) FROM pg_constraint WHERE conname = $1",
+                &[&format!("{table}_{column}_check")],
+            )
+            .await
+            .expect("the check")
+            .get(0);
+        let agrees = verdicts(expr.clone(), column).await == parsed;
+        pass &= agrees && !expr.contains('{');
+        seen.insert(table.into(), json!({"check": expr, "agrees_with_parser": agrees}));
+    }
+    let old = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]{1,64}$'".into(), "user_id").await;
+    let unbounded = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]+$'".into(), "user_id").await;
+    let accepted = parsed.iter().filter(|ok| **ok).count();
+    pass &= old == parsed && unbounded != parsed && accepted > 0 && accepted < corpus.len();
+    record(
+        SUITE,
+        "04-id-checks-are-the-id-rule",
+        "sql",
+        "the CHECKs on users.user_id, devices.device_id, conversations.conv_id and events.client_msg_id, evaluated \
+         from the catalog over a corpus of lengths 0-70 with allowed, forbidden and non-ASCII characters, accept \
+         exactly what ClientMsgId::parse accepts, with no bounded repetition; the regular expression they replaced \
+         agrees too. Negative control: the check without its length bound disagrees.",
+        json!({"checks": seen, "corpus": corpus.len(), "accepted": accepted, "old_rule_agrees": old == parsed,
+               "unbounded_control_agrees": unbounded == parsed}),
+        pass,
+    );
+    assert!(pass);
+}
+
+/// Strings around the id rule's edges: every length from 0 to 70 of allowed
+/// characters, and at the start, middle and end of valid ids one character of
+/// each kind the rule forbids.
+fn id_corpus() -> Vec<String> {
+    let allowed = "Az09._:@-";
+    let mut corpus: Vec<String> = (0..=70).map(|n| allowed.chars().cycle().take(n).collect()).collect();
+    for bad in [' ', '/', '#', '\n', '[', '\u{7f}', 'ü', '日'] {
+        for n in [1, 2, 63, 64] {
+            let base: Vec<char> = allowed.chars().cycle().take(n).collect();
+            for at in [0, n / 2, n.saturating_sub(1)] {
+                let mut s = base.clone();
+                s[at] = bad;
+                corpus.push(s.into_iter().collect());
+                let mut longer = base.clone();
+                longer.insert(at, bad);
+                corpus.push(longer.into_iter().collect());
+            }
+        }
+    }
+    corpus
+}
