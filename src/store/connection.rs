@@ -9,16 +9,24 @@
 //! than a round trip (ARCHITECTURE §3, "Measured"). While no primary answers
 //! (a failover), a checkout waits one connect timeout, not the pool timeout
 //! (ARCHITECTURE §6, "The database failing over").
+//!
+//! A pool's connections run their I/O on a thread of the pool's own
+//! (`pg-io`), not on the runtime of whichever task first asked for one (the
+//! System thread, an HTTP worker, a conversation actor's arbiter): an arbiter
+//! that stopped took its connections with it, and whoever held one next got
+//! `Closed`.
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+use std::{io, thread};
 
 use bb8::{PooledConnection, RunError};
 use bb8_postgres::PostgresConnectionManager;
-use tokio::sync::{watch, OnceCell};
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, watch, OnceCell};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Error, NoTls, Row, Statement};
 
@@ -139,7 +147,11 @@ impl Pool {
         unreachable_wait: Duration,
     ) -> Result<Self, Error> {
         let reachable = Arc::new(watch::Sender::new(true));
-        let manager = Manager { inner: PostgresConnectionManager::new(config, NoTls), reachable: reachable.clone() };
+        let io = IoThread::start()
+            .inspect_err(|e| tracing::warn!(error = %e, "no I/O thread for the pool; connections run where opened"))
+            .ok();
+        let manager =
+            Manager { inner: PostgresConnectionManager::new(config, NoTls), reachable: reachable.clone(), io };
         Ok(Self { inner: builder.build(manager).await?, reachable, unreachable_wait })
     }
 
@@ -182,6 +194,27 @@ impl Pool {
 pub struct Manager {
     inner: PostgresConnectionManager<NoTls>,
     reachable: Arc<watch::Sender<bool>>,
+    io: Option<IoThread>,
+}
+
+/// A thread running the pool's connections, for as long as the pool lives.
+struct IoThread {
+    handle: Handle,
+    /// Dropped with the pool: the thread's runtime then ends, and with it
+    /// every connection still open.
+    _stop: oneshot::Sender<()>,
+}
+
+impl IoThread {
+    fn start() -> io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        thread::Builder::new().name("pg-io".into()).spawn(move || {
+            let _ = runtime.block_on(stopped);
+        })?;
+        Ok(Self { handle, _stop: stop })
+    }
 }
 
 impl bb8::ManageConnection for Manager {
@@ -189,7 +222,18 @@ impl bb8::ManageConnection for Manager {
     type Error = Error;
 
     async fn connect(&self) -> Result<PooledClient, Error> {
-        let client = self.inner.connect().await;
+        let client = match &self.io {
+            // The connection's task is spawned where it is opened.
+            Some(io) => {
+                let inner = self.inner.clone();
+                match io.handle.spawn(async move { inner.connect().await }).await {
+                    Ok(client) => client,
+                    // Not cancelled: the runtime lives as long as this manager.
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                }
+            }
+            None => self.inner.connect().await,
+        };
         self.reachable.send_if_modified(|r| std::mem::replace(r, client.is_ok()) != client.is_ok());
         Ok(PooledClient {
             client: client?,

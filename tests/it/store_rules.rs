@@ -430,3 +430,35 @@ fn id_corpus() -> Vec<String> {
     }
     corpus
 }
+
+/// A pooled connection's I/O runs on its pool's own thread: one first opened
+/// by a task on another runtime, which then ends (as a conversation actor's
+/// arbiter does when its hub stops), still answers the statement its holder
+/// sends next. Its task used to live on that runtime and die with it, and the
+/// statement failed `Closed`.
+#[actix_web::test]
+async fn a_pooled_connection_outlives_the_runtime_that_opened_it() {
+    let db = crate::harness::TestDb::with_pool(2).await;
+    let pool = db.store.pool();
+    let opened_before = pool.state().connections;
+    let conn = std::thread::scope(|s| {
+        s.spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(pool.get()).expect("a connection")
+        })
+        .join()
+        .expect("the other runtime's thread")
+    });
+    let answered = conn.simple_query("SELECT 1").await;
+    let pass = opened_before == 0 && answered.is_ok();
+    record(
+        SUITE,
+        "04-connection-outlives-its-opener",
+        "pool",
+        "a pool's first connection, checked out by a task on a runtime of its own thread that then ends, answers \
+         SELECT 1 afterwards (its I/O runs on the pool's thread, not the opener's)",
+        json!({"connections_before": opened_before, "answer": format!("{:?}", answered.as_ref().map(|_| "ok"))}),
+        pass,
+    );
+    assert!(pass);
+}
