@@ -354,8 +354,9 @@ async fn a_row_the_schema_forbids_fails_the_read_instead_of_being_skipped_or_def
 
 /// The id checks of migration 0015 against the rule they replaced and the
 /// parser's (one rule for every id: `is_valid_id`): every check accepts
-/// exactly the strings `ClientMsgId::parse` accepts, as the bounded regular expression of 0001 did. Negative control:
-/// the same corpus tells a check without the length bound apart.
+/// exactly the strings `ClientMsgId::parse` accepts, as the bounded regular
+/// expression of 0001 did. Negative control: the same corpus tells a check
+/// without the length bound apart.
 #[actix_web::test]
 async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
     let env = Env::new(Path::Direct).await;
