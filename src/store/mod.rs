@@ -79,8 +79,12 @@ pub use heads::Heads;
 
 /// Session settings for every pooled connection. A transaction that holds a
 /// conversation row lock must never wait forever (ARCHITECTURE §3, faults).
+/// No JIT: it starts by estimated cost, and a plan the planned-once settings
+/// price a disabled method into (`write::txn`) costs 10^10, so it was
+/// compiled by LLVM at every execution, tens of ms to seconds of CPU that a
+/// statement timeout cannot interrupt.
 const SESSION_OPTIONS: &str =
-    "-c lock_timeout=5000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000";
+    "-c lock_timeout=5000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000 -c jit=off";
 
 /// Handle to the database; cheap to clone.
 #[derive(Clone)]
