@@ -1,10 +1,10 @@
 -- The identifier rule of 0001 (1-64 chars of A-Z a-z 0-9 . _ : @ -), written so
 -- that it costs a length and a short regular expression. A bounded repetition
 -- (`{1,64}`) compiles to 64 copies of its states, and running it took ~3.6 us
--- per value: on every event's `client_msg_id` and every update of a
--- conversation row, more than the rest of the row's checks together
--- (benches/README.md, "Checks that cost less"). The allowed characters are
--- ASCII, so `length` counts what the repetition counted.
+-- per value, on every event's `client_msg_id` and every update of a
+-- conversation row: in a 128-row INSERT into `events`, more than the table's
+-- other checks together (benches/README.md, "Checks that cost less"). The
+-- allowed characters are ASCII, so `length` counts what the repetition counted.
 --
 -- NOT VALID: every existing row holds the same rule in its old form, and
 -- validating would scan the whole log under the table's lock; new and updated
