@@ -147,9 +147,8 @@ impl Pool {
         unreachable_wait: Duration,
     ) -> Result<Self, Error> {
         let reachable = Arc::new(watch::Sender::new(true));
-        let io = IoThread::start()
-            .inspect_err(|e| tracing::warn!(error = %e, "no I/O thread for the pool; connections run where opened"))
-            .ok();
+        // As the delivery lanes: a process that cannot start a thread cannot serve.
+        let io = IoThread::start().unwrap_or_else(|e| panic!("cannot start the pool's I/O thread: {e}"));
         let manager =
             Manager { inner: PostgresConnectionManager::new(config, NoTls), reachable: reachable.clone(), io };
         Ok(Self { inner: builder.build(manager).await?, reachable, unreachable_wait })
@@ -194,7 +193,7 @@ impl Pool {
 pub struct Manager {
     inner: PostgresConnectionManager<NoTls>,
     reachable: Arc<watch::Sender<bool>>,
-    io: Option<IoThread>,
+    io: IoThread,
 }
 
 /// A thread running the pool's connections, for as long as the pool lives.
@@ -222,17 +221,12 @@ impl bb8::ManageConnection for Manager {
     type Error = Error;
 
     async fn connect(&self) -> Result<PooledClient, Error> {
-        let client = match &self.io {
-            // The connection's task is spawned where it is opened.
-            Some(io) => {
-                let inner = self.inner.clone();
-                match io.handle.spawn(async move { inner.connect().await }).await {
-                    Ok(client) => client,
-                    // Not cancelled: the runtime lives as long as this manager.
-                    Err(e) => std::panic::resume_unwind(e.into_panic()),
-                }
-            }
-            None => self.inner.connect().await,
+        // The connection's task is spawned where it is opened.
+        let inner = self.inner.clone();
+        let client = match self.io.handle.spawn(async move { inner.connect().await }).await {
+            Ok(client) => client,
+            // Not cancelled: the runtime lives as long as this manager.
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
         self.reachable.send_if_modified(|r| std::mem::replace(r, client.is_ok()) != client.is_ok());
         Ok(PooledClient {
