@@ -11,8 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Server;
-use actix_web::middleware::from_fn;
-use actix_web::{web, App, HttpServer};
+use actix_web::web;
 use rand::RngCore;
 use tokio::sync::Notify;
 
@@ -96,23 +95,19 @@ impl Application {
         };
         let workers = config.workers;
         let state = web::Data::new(AppState::new(store, writer, bus, delivery, admin_token, Arc::new(config)));
-        let (app_state, per_ip) = (state.clone(), state.per_ip.clone());
-        let mut http = HttpServer::new(move || {
-            App::new()
-                .wrap(from_fn(gateway::caps::refused_connection))
-                .app_data(app_state.clone())
-                .configure(gateway::routes)
-        })
-        .on_connect(move |io, ext| per_ip.on_connect(io, ext))
-        // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.
-        .disable_signals()
-        // Small frames (acks, pushes) must not wait out Nagle against the peer's delayed ACK.
-        .tcp_nodelay(true)
-        .shutdown_timeout(SHUTDOWN_GRACE.as_secs());
+        let addr = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?;
+        let app_state = state.clone();
+        let mut http = actix_server::Server::build()
+            // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.
+            .disable_signals()
+            .shutdown_timeout(SHUTDOWN_GRACE.as_secs());
         if workers > 0 {
             http = http.workers(workers);
         }
-        let server = http.listen(listener).map_err(|e| StartupError::Io("listen", e))?.run();
+        let server = http
+            .listen("imcore", listener, move || gateway::service(app_state.clone(), addr))
+            .map_err(|e| StartupError::Io("listen", e))?
+            .run();
         tracing::info!(port, "imcore is listening");
         Ok(Self { port, server, state, embedded_pg, trigger: ShutdownTrigger::default() })
     }

@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use actix_web::http::header::AUTHORIZATION;
+use actix_http::RequestHead;
+use actix_web::http::header::{HeaderMap, AUTHORIZATION};
 use actix_web::HttpRequest;
 use dashmap::DashMap;
 use sha2::{Digest, Sha256};
@@ -59,18 +60,18 @@ impl RefusedTokens {
 }
 
 /// The bearer token of the `Authorization` header, if any.
-pub fn bearer(req: &HttpRequest) -> Option<&str> {
-    let value = req.headers().get(AUTHORIZATION)?.to_str().ok()?;
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
 }
 
 /// The header's token, else `?token=` (browsers cannot set headers on a WebSocket).
-pub fn bearer_or_query(req: &HttpRequest) -> Option<String> {
-    if let Some(t) = bearer(req) {
+pub fn bearer_or_query(head: &RequestHead) -> Option<String> {
+    if let Some(t) = bearer(&head.headers) {
         return Some(t.to_owned());
     }
-    let query = actix_web::web::Query::<Vec<(String, String)>>::from_query(req.query_string()).ok()?;
+    let query = actix_web::web::Query::<Vec<(String, String)>>::from_query(head.uri.query().unwrap_or("")).ok()?;
     query.into_inner().into_iter().find(|(k, _)| k == "token").map(|(_, v)| v).filter(|t| !t.is_empty())
 }
 
@@ -121,7 +122,7 @@ fn guarded_bearer(state: &AppState, req: &HttpRequest, expected: &str) -> Result
             "too many failed admin authentications from this address; retry in a minute",
         ));
     }
-    if bearer(req).is_some_and(|given| same_secret(given, expected)) {
+    if bearer(req.headers()).is_some_and(|given| same_secret(given, expected)) {
         return Ok(());
     }
     state.admin_guard.failed(peer, now);

@@ -73,6 +73,12 @@ impl PerIp {
 /// Marks a connection refused at accept.
 struct Refused;
 
+/// Whether the connection of these extensions was refused at accept (its
+/// answer is written): the WebSocket upgrade, which no middleware sees, asks.
+pub(super) fn refused(conn_data: &Extensions) -> bool {
+    conn_data.get::<Refused>().is_some()
+}
+
 /// Middleware: a request on a [`Refused`] connection does not run. Its
 /// answer was written at accept and the write side is shut, so this one goes
 /// nowhere and the connection closes.

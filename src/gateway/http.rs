@@ -106,7 +106,7 @@ async fn call_with(
     op_of: impl FnOnce(&Map<String, Value>, &TokenOwner) -> Result<&'static str, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
     let state = req.app_data::<web::Data<AppState>>().cloned().ok_or_else(ApiError::internal)?;
-    let caller = auth::device(&state, auth::bearer(&req)).await?;
+    let caller = auth::device(&state, auth::bearer(req.headers())).await?;
     let fields = fields(&req, payload).await?;
     let op = op_of(&fields, &caller)?;
     let parsed = Request::parse(op, &fields, state.config.max_body_bytes)?;
@@ -138,7 +138,7 @@ pub fn resource(path: &str, routes: Vec<(Method, Route)>) -> Resource {
     resource.default_service(web::to(move || method_not_allowed(allow.clone())))
 }
 
-async fn method_not_allowed(allow: Vec<Method>) -> HttpResponse {
+pub(super) async fn method_not_allowed(allow: Vec<Method>) -> HttpResponse {
     let e = ApiError::bad_request("this route does not take that method (see Allow)");
     e.count();
     HttpResponse::MethodNotAllowed().insert_header(header::Allow(allow)).json(json!({ "error": e.0 }))

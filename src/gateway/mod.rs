@@ -13,7 +13,9 @@
 //! * `ops` — the one dispatch of parsed requests (WebSocket and HTTP);
 //!   `push` — the pusher ops (PROTOCOL v1.3).
 //! * `http` — HTTP routes of the ops; `admin` — admin routes.
-//! * `session` — the WebSocket actor (the only user of `actix-web-actors`);
+//! * `upgrade` — the WebSocket handshake, taken over from actix-http's HTTP/1
+//!   dispatcher; `socket` — the upgraded connection's socket, driven by its own loop;
+//!   `session` — the WebSocket actor (the only user of `actix-web-actors`);
 //!   `outbound` — its bytes not yet written, capped and charged to the budget;
 //!   `frame_limit` — frame sizes checked as their headers arrive.
 //! * `health` — `/healthz`, `/readyz`; `/metrics` is here.
@@ -45,14 +47,24 @@ mod outbound;
 mod push;
 mod request;
 mod session;
+mod socket;
 mod typing_rate;
+mod upgrade;
 
+use std::any::Any;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use actix_http::{HttpService, Request};
+use actix_service::{fn_service, map_config, IntoServiceFactory, ServiceFactory, ServiceFactoryExt};
+use actix_web::dev::AppConfig;
 use actix_web::http::Method;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::middleware::from_fn;
+use actix_web::rt::net::TcpStream;
+use actix_web::{web, App, HttpRequest, HttpResponse};
 use dashmap::DashMap;
 use futures_util::future::Either;
 use imcore_actors::registry::ConnId;
@@ -215,9 +227,44 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(http::resource("/healthz", vec![(Method::GET, web::to(health::healthz))]))
         .service(http::resource("/readyz", vec![(Method::GET, web::to(health::readyz))]))
         .service(http::resource("/metrics", vec![(Method::GET, web::to(metrics_text))]))
-        .service(http::resource("/v1/ws", vec![(Method::GET, web::to(session::upgrade))]))
+        .service(http::resource("/v1/ws", vec![(Method::GET, web::to(upgrade::not_upgraded))]))
         .configure(http::routes)
         .configure(admin::routes)
         .configure(client::routes)
         .default_service(web::to(http::not_found));
+}
+
+/// One worker's HTTP service on `addr`: the routes, and WebSocket upgrades
+/// taken over at the handshake (`upgrade`). actix-web's `HttpServer` builds
+/// the same service but has no way to take an upgraded socket.
+pub fn service(
+    state: web::Data<AppState>,
+    addr: SocketAddr,
+) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = actix_http::error::DispatchError, InitError = ()>
+{
+    let app = App::new()
+        .wrap(from_fn(caps::refused_connection))
+        .app_data(state.clone())
+        .configure(routes)
+        .into_factory()
+        .map_err(|e| e.error_response());
+    let per_ip = state.per_ip.clone();
+    let upgrade = fn_service(move |(req, framed): (Request, _)| {
+        let state = state.clone();
+        // Boxed: every connection's task is as large as its largest state.
+        Box::pin(async move {
+            upgrade::serve(state, req, framed).await;
+            Ok::<_, actix_web::Error>(())
+        }) as futures_util::future::LocalBoxFuture<'static, _>
+    });
+    HttpService::build()
+        // actix-web's defaults.
+        .client_disconnect_timeout(Duration::from_secs(1))
+        // Small frames (acks, pushes) must not wait out Nagle against the peer's delayed ACK.
+        .tcp_nodelay(true)
+        .local_addr(addr)
+        .on_connect_ext(move |io: &TcpStream, ext| per_ip.on_connect(io as &dyn Any, ext))
+        .upgrade(upgrade)
+        .finish(map_config(app, |_| AppConfig::default()))
+        .tcp()
 }

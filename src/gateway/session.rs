@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Handler, Message, StreamHandler, WrapFuture};
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::web::{self, Bytes};
 use actix_web_actors::ws::{self, CloseCode, CloseReason, ProtocolError};
+use futures_util::Stream;
 use imcore_actors::registry::{ConnId, Registered};
 use serde_json::Value;
 use tokio::sync::Semaphore;
@@ -30,42 +31,42 @@ use super::frame_limit::{FrameLimit, StreamFault};
 use super::ops::{self, Reply};
 use super::outbound::{Outbound, Written};
 use super::request::Request;
-use super::{auth, AppState};
+use super::socket::Inbound;
+use super::AppState;
 use crate::delivery::{Conn, KickReason, Outbox, Push};
 use crate::metrics::metrics;
 use crate::protocol::{push_kicked, reply_frame, ErrorCode};
 use crate::store::TokenOwner;
 
-/// `GET /v1/ws`: authenticates before upgrading (401 otherwise).
-pub async fn upgrade(
-    req: HttpRequest,
-    stream: web::Payload,
+/// A device's upgrade once admitted (`upgrade`): who it is and what it
+/// holds until its session ends.
+pub(super) struct Admitted {
+    pub owner: TokenOwner,
+    pub token: String,
+    /// [`Delivery::revocations`](crate::delivery::Delivery::revocations) before the token was looked up.
+    pub revocations: u64,
+    pub conn_id: ConnId,
+    pub user_slot: UserSlot,
+}
+
+/// Starts the session of an admitted connection, reading its frames from
+/// `input`: the returned stream is everything it writes to its socket, its
+/// pushes included.
+pub(super) fn open(
     state: web::Data<AppState>,
-) -> Result<HttpResponse, actix_web::Error> {
-    let token = auth::bearer_or_query(&req);
-    let revocations = state.delivery.revocations();
-    let owner = auth::device(&state, token.as_deref()).await?;
-    if state.shutting_down() {
-        return Err(ApiError::new(ErrorCode::Overloaded, "the server is shutting down").into());
-    }
-    let user_slot = state.per_user.admit(&owner.user_id, &owner.device_id)?;
-    // Allocated once admitted (a refused upgrade costs no `nextval`): the id
-    // order is the order connections were admitted (P7); with several nodes,
-    // the order of the whole cluster's connections.
-    let conn_id = if state.delivery.clustered() {
-        ConnId::from_cluster_sequence(state.store.next_cluster_conn_id().await.map_err(ApiError::from)?)
-    } else {
-        state.delivery.routes().next_conn_id()
-    };
+    admitted: Admitted,
+    input: Inbound,
+) -> impl Stream<Item = Result<Bytes, actix_web::Error>> {
+    let Admitted { owner, token, revocations, conn_id, user_slot } = admitted;
     let max_frame = state.config.ws.max_frame_bytes;
     let fault = Rc::new(Cell::new(None));
-    let stream = FrameLimit::new(stream, max_frame, fault.clone());
+    let stream = FrameLimit::new(input, max_frame, fault.clone());
     let outbound = Outbound::new(state.config.ws.max_unwritten_bytes, &state.budget);
     let outbox = Outbox::new(state.config.ws.mailbox, &state.budget);
     let session = WsSession {
         state: state.clone(),
         owner,
-        token: token.unwrap_or_default(),
+        token,
         revocations,
         conn_id,
         last_heard: Instant::now(),
@@ -79,13 +80,8 @@ pub async fn upgrade(
         outbox: outbox.clone(),
         _user_slot: user_slot,
     };
-    // A request that is no WebSocket handshake gets the PROTOCOL §2 shape too.
-    let mut response =
-        ws::handshake(&req).map_err(|e| ApiError::bad_request(format!("not a WebSocket handshake: {e}")))?;
     let frames = ws::WebsocketContext::with_codec(session, stream, actix_http::ws::Codec::new().max_size(max_frame));
-    let response = response.streaming(Written::new(frames, outbound).with_pushes(outbox));
-    metrics().ws_accepted.inc();
-    Ok(response)
+    Written::new(frames, outbound).with_pushes(outbox)
 }
 
 pub struct WsSession {
