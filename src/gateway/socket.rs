@@ -158,7 +158,8 @@ where
     })
     .await;
     if ended {
-        linger(&mut io).await;
+        // Boxed: its buffer exists only while it runs.
+        Box::pin(linger(&mut io)).await;
     }
 }
 

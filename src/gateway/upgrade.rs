@@ -32,43 +32,64 @@ const PATH: &str = "/v1/ws";
 
 /// actix-http's `upgrade` service: serves one upgrade request and, if
 /// admitted, its connection until it closes.
-pub async fn serve(state: web::Data<AppState>, mut req: Request, framed: Framed<TcpStream, h1::Codec>) {
-    // Held while the connection lives: its place under the per-address cap.
-    let conn_data: Option<Rc<Extensions>> = req.take_conn_data();
-    let parts = framed.into_parts();
-    let mut io = parts.io;
-    // Copied out: the dispatcher's 8 KiB read buffer goes with `parts`.
-    let leftover = Bytes::copy_from_slice(&parts.read_buf);
-    drop(parts.read_buf);
-    drop(parts.write_buf);
-    if conn_data.as_deref().is_some_and(caps::refused) {
-        // Answered at accept; nothing of this connection runs.
+pub async fn serve(state: web::Data<AppState>, req: Request, framed: Framed<TcpStream, h1::Codec>) {
+    // Boxed: what the handshake needs (the request, the token lookup's query)
+    // is let go before the connection's long life begins.
+    let Some(Upgraded { io, leftover, conn_data, admitted }) = Box::pin(handshake(&state, req, framed)).await else {
         return;
-    }
-    let admitted = match (req.path(), req.method()) {
-        (PATH, &Method::GET) => admit(&state, req.head()).await,
-        (PATH, _) => return answer(&mut io, http::method_not_allowed(vec![Method::GET]).await).await,
-        _ => Err(ApiError::new(ErrorCode::NotFound, "no such route")),
     };
-    let admitted = match admitted {
-        Ok(a) => a,
-        Err(e) => return answer(&mut io, e.error_response()).await,
-    };
-    let Some(key) = req.head().headers.get(SEC_WEBSOCKET_KEY) else { return };
-    let accept = hash_key(key.as_bytes());
-    let mut head = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\
-                     sec-websocket-accept: "
-        .to_vec();
-    head.extend_from_slice(&accept);
-    head.extend_from_slice(b"\r\n\r\n");
-    if io.write_all(&head).await.is_err() {
-        return;
-    }
-    metrics().ws_accepted.inc();
     let (input, feed) = Inbound::new();
     let output = session::open(state, admitted, input);
     socket::drive(io, leftover, feed, output).await;
     drop(conn_data);
+}
+
+/// A connection answered `101`.
+struct Upgraded {
+    io: TcpStream,
+    /// Bytes the client sent right behind its handshake.
+    leftover: Bytes,
+    /// Held while the connection lives: its place under the per-address cap.
+    conn_data: Option<Rc<Extensions>>,
+    admitted: Admitted,
+}
+
+/// Admits the upgrade and answers it: `101`, or a PROTOCOL §2 error and the
+/// connection closed. The request (its head holds the dispatcher's 8 KiB
+/// read buffer) is dropped when this returns.
+async fn handshake(state: &AppState, mut req: Request, framed: Framed<TcpStream, h1::Codec>) -> Option<Upgraded> {
+    let conn_data = req.take_conn_data();
+    let parts = framed.into_parts();
+    let mut io = parts.io;
+    let leftover = Bytes::copy_from_slice(&parts.read_buf);
+    if conn_data.as_deref().is_some_and(caps::refused) {
+        // Answered at accept; nothing of this connection runs.
+        return None;
+    }
+    let admitted = match (req.path(), req.method()) {
+        (PATH, &Method::GET) => admit(state, req.head()).await,
+        (PATH, _) => {
+            answer(&mut io, http::method_not_allowed(vec![Method::GET]).await).await;
+            return None;
+        }
+        _ => Err(ApiError::new(ErrorCode::NotFound, "no such route")),
+    };
+    let admitted = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            answer(&mut io, e.error_response()).await;
+            return None;
+        }
+    };
+    let key = req.head().headers.get(SEC_WEBSOCKET_KEY)?;
+    let mut head = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\
+                     sec-websocket-accept: "
+        .to_vec();
+    head.extend_from_slice(&hash_key(key.as_bytes()));
+    head.extend_from_slice(b"\r\n\r\n");
+    io.write_all(&head).await.ok()?;
+    metrics().ws_accepted.inc();
+    Some(Upgraded { io, leftover, conn_data, admitted })
 }
 
 /// `GET /v1/ws` without `Upgrade: websocket`: refused as an upgrade would
