@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where the server's CPU goes per pushed frame: the push fan-out to 10,000
 # online members (one sender, 10 msgs/s, 50 messages), `perf record` of the
-# whole machine from the moment every device is connected for 5 s (the sends),
+# whole machine for 5 s from the moment the generator starts sending,
 # then the split by thread and the server's top functions with call chains.
 # Usage: benches/profile-push.sh OUT.txt [SERVER_BIN]  (default: this build's);
 # the run's fanout.json lands beside OUT.txt (KEEP=1: its perf.data too). Needs `perf` (Debian
@@ -22,11 +22,10 @@ until grep -q '^server ' "$work/load.log"; do
     sleep 0.2
 done
 server=$(sed -n 's/^server [^:]*: pid \([0-9]*\).*/\1/p' "$work/load.log" | head -1)
-port=$(sed -n 's/^server [^:]*: pid [0-9]*, port \([0-9]*\).*/\1/p' "$work/load.log" | head -1)
-# The sends start once every device is connected (and the sender: one more).
-until [ "$(ss -Htn state established "( sport = :$port )" | wc -l)" -gt "$members" ]; do
+# The sends start once every device is connected and their statement counts are flushed.
+until grep -q '^sending: ' "$work/load.log"; do
     kill -0 "$load" 2>/dev/null || { cat "$work/load.log"; exit 1; }
-    sleep 0.5
+    sleep 0.2
 done
 perf record -F 499 -g -a -o "$work/perf.data" -- sleep 5 2>"$work/perf.log"
 wait "$load"
@@ -35,7 +34,7 @@ set +o pipefail # `head` ends `perf report` early
 cp "$work/fanout.json" "${out%.txt}.fanout.json"
 {
     echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) rev $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty), server $bin"
-    echo "# perf record -F 499 -g -a, 5 s from the last device's connect: imcore-load ws --scenarios fanout --fanout-modes push --fanout-members $members"
+    echo "# perf record -F 499 -g -a, 5 s from the first send: imcore-load ws --scenarios fanout --fanout-modes push --fanout-members $members"
     grep '^fanout' "$work/load.log" | cut -c1-300
     echo
     echo "## Samples by thread name. The server: actix-rt|… (HTTP and WebSocket workers), delivery-… (lanes),"

@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 use std::future::poll_fn;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -144,8 +145,9 @@ where
             }
         }
         if feed.wants() {
-            let mut chunk = [0u8; READ_CHUNK];
-            let mut buf = ReadBuf::new(&mut chunk);
+            // Uninitialised: a zeroed 8 KiB per read showed in profiles.
+            let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+            let mut buf = ReadBuf::uninit(&mut chunk);
             match Pin::new(&mut io).poll_read(cx, &mut buf) {
                 Poll::Ready(Ok(())) if buf.filled().is_empty() => feed.end(),
                 Poll::Ready(Ok(())) => feed.give(Ok(Bytes::copy_from_slice(buf.filled()))),

@@ -114,6 +114,8 @@ pub async fn run(nodes: &Nodes, pg: &Pg, db: &Store, devs: &mut Devices, p: &Par
     let xacts_before = xacts(db).await?;
     let reads_before = nodes.sync_reads(None).await?;
     let cpu = CpuWindow::start(nodes, pg);
+    // What a profiler waits for (benches/profile-push.sh).
+    println!("sending: fanout {} M={m}", p.mode);
     let sent = drive(&mut sender, &measure, p).await;
     if let Ok(sent) = &sent {
         settle(&measure, m, sent.n).await;
