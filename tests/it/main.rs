@@ -49,4 +49,5 @@ mod store_rules;
 mod sync_points;
 mod sync_tail;
 mod token_mid_upgrade;
+mod upgrade;
 mod web;
