@@ -60,9 +60,9 @@ struct Link {
 
 /// What an overflow must undo without the session's help.
 ///
-/// A session whose client stops reading is not polled at all: actix-http
-/// stops polling the response body (and with it the actor) while its write
-/// buffer is full, so the session cannot close itself until the client reads
+/// A session whose client stops reading is not polled at all: its socket
+/// loop stops polling its output (and with it the actor) while a piece is
+/// unwritten, so the session cannot close itself until the client reads
 /// again or goes away. The route is therefore removed here, at the moment the
 /// mailbox is found full, so fan-out stops considering the connection at once.
 #[derive(Debug)]

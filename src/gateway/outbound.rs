@@ -22,8 +22,9 @@ use crate::budget::{MemoryBudget, Permit};
 use crate::delivery::{Out, Outbox, Queued};
 use crate::protocol::push_head;
 
-/// actix-http's write buffer (its default, kept): the writer asks for the
-/// next piece only once less than this is left unwritten.
+/// The largest piece handed over at once: actix-http's write buffer (its
+/// default), which asks for the next piece once less than this is left
+/// unwritten; a WebSocket's socket loop asks once the last one is written.
 const PIECE: usize = 32 * 1024;
 
 /// One connection's unwritten bytes; shared by its session, its request
@@ -82,11 +83,12 @@ impl Outbound {
 }
 
 /// The session's encoded output on its way to the socket writer, in pieces
-/// of at most [`PIECE`] bytes. actix-http polls it only while its write
-/// buffer holds less than that, so when polled, what was handed over before
-/// has been written: a chunk's bytes, and the budget's charge of the replies
-/// in it, are let go then. While a chunk is still being handed over, the
-/// session is not polled (as when actix-http's buffer is full).
+/// of at most [`PIECE`] bytes. Its poller (a WebSocket's socket loop, or
+/// actix-http for an HTTP reply) asks for the next piece only once the last
+/// is written or within its write buffer, so when polled, what was handed
+/// over before has left: a chunk's bytes, and the budget's charge of the
+/// replies in it, are let go then. While a chunk is still being handed over,
+/// the session is not polled.
 pub struct Written<S> {
     inner: Pin<Box<S>>,
     outbound: Rc<Outbound>,
