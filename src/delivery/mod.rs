@@ -16,6 +16,7 @@ mod lane;
 mod order;
 mod outbox;
 mod presence;
+mod through;
 
 use std::collections::HashSet;
 use std::future::Future;
