@@ -16,7 +16,6 @@ mod lane;
 mod order;
 mod outbox;
 mod presence;
-mod through;
 
 use std::collections::HashSet;
 use std::future::Future;

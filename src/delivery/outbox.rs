@@ -1,22 +1,16 @@
 //! A connection's pushes on their way to its socket writer, which drains
 //! them itself: a push costs a lock, a queue slot and, when the writer is
 //! idle, one wakeup — no message to the session actor (ARCHITECTURE §5, the
-//! write path of a push). When nothing of the connection is queued or being
-//! written, the lane writes the push to the socket itself (`through`) and
-//! nothing is queued or woken. Bounded: a full outbox is the connection's overflow.
+//! write path of a push). Bounded: a full outbox is the connection's overflow.
 
 use std::collections::{HashMap, VecDeque};
 use std::mem;
-use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
-use bytes::{BufMut, Bytes, BytesMut};
 use imcore_actors::ConvId;
 
-use super::through;
 use crate::budget::{MemoryBudget, Permit};
-use crate::protocol::push_head;
 
 /// What a connection is pushed.
 #[derive(Debug)]
@@ -26,10 +20,6 @@ pub enum Out {
     /// A `pull`-mode conversation advanced: the writer writes a `head` push
     /// with the newest head [`Outbox::take_head`] holds for it then.
     Head(ConvId),
-    /// The rest of a frame a lane began writing to the socket: written as
-    /// it is. Not charged to the budget: there is at most one, since
-    /// nothing is written through while anything is queued.
-    Rest(Bytes),
 }
 
 /// A push and its bytes of the memory budget.
@@ -53,12 +43,6 @@ struct State {
     waker: Option<Waker>,
     /// The connection is closing: no frame may follow its close frame.
     closed: bool,
-    /// The connection's socket, while its writer lets lanes write to it
-    /// ([`Outbox::attach`]); never written after [`Outbox::detach`].
-    socket: Option<RawFd>,
-    /// The writer is asking for bytes (taking pushes, polling the session)
-    /// or writing them: a push must queue behind them.
-    busy: bool,
 }
 
 /// Why a push was refused.
@@ -73,14 +57,7 @@ pub enum Refused {
 impl Outbox {
     /// Holds at most `cap` pushes (`ws.mailbox`), paid from `budget`.
     pub fn new(cap: usize, budget: &Arc<MemoryBudget>) -> Arc<Self> {
-        let state = State {
-            frames: VecDeque::new(),
-            charge: budget.empty(),
-            waker: None,
-            closed: false,
-            socket: None,
-            busy: true,
-        };
+        let state = State { frames: VecDeque::new(), charge: budget.empty(), waker: None, closed: false };
         Arc::new(Self { cap: cap.max(1), state: Mutex::new(state), heads: PendingHeads::default() })
     }
 
@@ -88,82 +65,28 @@ impl Outbox {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes `out` to the socket when the writer is idle with nothing
-    /// queued; else queues it, its `bytes` taken from the memory budget, and
-    /// wakes the writer if it waits. A closed outbox drops it (the connection
-    /// is going away). Never waits on the writer.
+    /// Queues `out`, its `bytes` taken from the memory budget, and wakes the
+    /// writer if it waits; a closed outbox drops it (the connection is going
+    /// away). Never waits on the writer.
     pub(super) fn push(&self, out: Out, bytes: usize) -> Result<(), Refused> {
         let waker = {
             let mut state = self.lock();
             if state.closed {
                 return Ok(());
             }
-            let idle = !state.busy && state.frames.is_empty();
-            match state.socket.filter(|_| idle) {
-                Some(fd) => match self.write_through(fd, out) {
-                    None => return Ok(()),
-                    Some(rest) => state.frames.push_back((Out::Rest(rest), 0)),
-                },
-                None => {
-                    if state.frames.len() >= self.cap {
-                        return Err(Refused::Full);
-                    }
-                    if !state.charge.try_grow(bytes) {
-                        return Err(Refused::OverBudget);
-                    }
-                    state.frames.push_back((out, bytes));
-                }
+            if state.frames.len() >= self.cap {
+                return Err(Refused::Full);
             }
+            if !state.charge.try_grow(bytes) {
+                return Err(Refused::OverBudget);
+            }
+            state.frames.push_back((out, bytes));
             state.waker.take()
         };
         if let Some(waker) = waker {
             waker.wake();
         }
         Ok(())
-    }
-
-    /// Writes `out` to the socket `fd` (the caller holds the lock); what the
-    /// socket did not take, if anything.
-    fn write_through(&self, fd: RawFd, out: Out) -> Option<Bytes> {
-        let head;
-        let frame: &[u8] = match &out {
-            Out::Frame(frame) => frame.as_bytes(),
-            Out::Head(conv) => {
-                head = push_head(conv.as_str(), self.heads.take(conv)?);
-                head.as_bytes()
-            }
-            Out::Rest(rest) => return Some(rest.clone()),
-        };
-        let sent = through::write_text(fd, frame);
-        let (header, n) = through::text_header(frame.len());
-        if sent == n + frame.len() {
-            return None;
-        }
-        let mut rest = BytesMut::with_capacity(n + frame.len() - sent);
-        rest.put_slice(header.get(sent..n).unwrap_or_default());
-        rest.put_slice(&frame[sent.saturating_sub(n)..]);
-        Some(rest.freeze())
-    }
-
-    /// Lanes may write pushes to `fd` while the writer is idle, until
-    /// [`Outbox::detach`] (which must come before `fd` closes).
-    pub fn attach(&self, fd: RawFd) {
-        self.lock().socket = Some(fd);
-    }
-
-    pub fn detach(&self) {
-        self.lock().socket = None;
-    }
-
-    /// The writer is taking or writing bytes: pushes queue behind them.
-    pub fn busy(&self) {
-        self.lock().busy = true;
-    }
-
-    /// The writer wrote everything it had and waits: a push may be written
-    /// through.
-    pub fn idle(&self) {
-        self.lock().busy = false;
     }
 
     /// The writer's side: every queued push, swapped into `into` (empty, its
@@ -282,73 +205,6 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_writers_push_goes_to_the_socket_and_what_it_does_not_take_is_queued_whole() {
-        use std::io::Read;
-        use std::os::fd::AsRawFd;
-        use std::os::unix::net::UnixStream;
-
-        let budget = MemoryBudget::new(1 << 30);
-        let (outbox, wakes) = (Outbox::new(16, &budget), Arc::new(Count(AtomicUsize::new(0))));
-        let (ours, mut peer) = UnixStream::pair().expect("socket pair");
-        peer.set_nonblocking(true).expect("nonblocking");
-        let mut taken = VecDeque::new();
-        outbox.take(&Waker::from(wakes.clone()), &mut taken);
-        let frame = |text: &str| {
-            let mut b = BytesMut::new();
-            actix_http::ws::Parser::write_message(&mut b, text, actix_http::ws::OpCode::Text, true, false);
-            b.to_vec()
-        };
-        let read_all = |peer: &mut UnixStream| {
-            let (mut got, mut buf) = (vec![], [0u8; 65536]);
-            while let Ok(n) = peer.read(&mut buf) {
-                got.extend_from_slice(&buf[..n]);
-            }
-            got
-        };
-        // Detached, or attached while the writer is busy: queued, the writer woken.
-        outbox.push(Out::Frame("a".into()), 1).expect("room");
-        outbox.attach(ours.as_raw_fd());
-        outbox.take(&Waker::from(wakes.clone()), &mut taken);
-        assert_eq!(taken.len(), 1);
-        taken.clear();
-        outbox.push(Out::Frame("b".into()), 1).expect("room");
-        assert_eq!((wakes.0.load(Ordering::Relaxed), read_all(&mut peer).len()), (2, 0));
-        outbox.take(&Waker::from(wakes.clone()), &mut taken);
-        taken.clear();
-        // Idle: written whole, nothing queued, nobody woken.
-        outbox.idle();
-        outbox.push(Out::Frame("hello".into()), 5).expect("room");
-        assert_eq!(read_all(&mut peer), frame("hello"));
-        assert_eq!(wakes.0.load(Ordering::Relaxed), 2);
-        outbox.take(&Waker::from(wakes.clone()), &mut taken);
-        assert!(taken.is_empty() && budget.in_use() == 0);
-        // A frame larger than the socket takes: its rest is queued, then
-        // everything after it, and the bytes add up to the frames in order.
-        outbox.idle();
-        let big = "x".repeat(4 << 20);
-        outbox.push(Out::Frame(big.as_str().into()), big.len()).expect("room");
-        outbox.push(Out::Frame("after".into()), 5).expect("room");
-        assert_eq!(wakes.0.load(Ordering::Relaxed), 3, "the writer is woken for the rest");
-        let mut wire = read_all(&mut peer);
-        outbox.take(&Waker::from(wakes.clone()), &mut taken);
-        for (out, _) in taken.drain(..) {
-            match out {
-                Out::Rest(rest) => wire.extend_from_slice(&rest),
-                Out::Frame(f) => wire.extend(frame(&f)),
-                Out::Head(_) => unreachable!(),
-            }
-        }
-        let mut expected = frame(&big);
-        expected.extend(frame("after"));
-        assert!(wire == expected, "the socket's bytes and the queued rest are the frames, in order");
-        // Detached: never written again.
-        outbox.detach();
-        outbox.idle();
-        outbox.push(Out::Frame("late".into()), 4).expect("room");
-        assert!(read_all(&mut peer).is_empty());
-    }
-
-    #[test]
     fn heads_queued_behind_a_busy_writer_are_written_once_per_conversation_with_the_newest() {
         let budget = MemoryBudget::new(1 << 20);
         let (outbox, waker) = (Outbox::new(16, &budget), Waker::from(Arc::new(Count(AtomicUsize::new(0)))));
@@ -364,7 +220,7 @@ mod tests {
             outbox.take(&waker, &mut taken);
             let heads = taken.iter().filter_map(|(o, _)| match o {
                 Out::Head(conv) => outbox.take_head(conv).map(|h| (conv.to_string(), h)),
-                Out::Frame(_) | Out::Rest(_) => None,
+                Out::Frame(_) => None,
             });
             heads.collect::<Vec<_>>()
         };

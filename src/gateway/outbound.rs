@@ -144,7 +144,6 @@ impl Pushes {
         for (out, _) in self.taken.drain(..) {
             match out {
                 Out::Frame(frame) => Parser::write_message(&mut encoded, &*frame, OpCode::Text, true, false),
-                Out::Rest(rest) => encoded.extend_from_slice(&rest),
                 Out::Head(conv) => {
                     if let Some(head) = self.outbox.take_head(&conv) {
                         let frame = push_head(conv.as_str(), head);

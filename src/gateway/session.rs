@@ -51,12 +51,12 @@ pub(super) struct Admitted {
 
 /// Starts the session of an admitted connection, reading its frames from
 /// `input`: the returned stream is everything it writes to its socket, its
-/// queued pushes included, and the outbox lanes push to.
+/// pushes included.
 pub(super) fn open(
     state: web::Data<AppState>,
     admitted: Admitted,
     input: Inbound,
-) -> (impl Stream<Item = Result<Bytes, actix_web::Error>>, Arc<Outbox>) {
+) -> impl Stream<Item = Result<Bytes, actix_web::Error>> {
     let Admitted { owner, token, revocations, conn_id, user_slot } = admitted;
     let max_frame = state.config.ws.max_frame_bytes;
     let fault = Rc::new(Cell::new(None));
@@ -81,7 +81,7 @@ pub(super) fn open(
         _user_slot: user_slot,
     };
     let frames = ws::WebsocketContext::with_codec(session, stream, actix_http::ws::Codec::new().max_size(max_frame));
-    (Written::new(frames, outbound).with_pushes(outbox.clone()), outbox)
+    Written::new(frames, outbound).with_pushes(outbox)
 }
 
 pub struct WsSession {

@@ -8,7 +8,6 @@
 use std::cell::RefCell;
 use std::future::poll_fn;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -19,8 +18,6 @@ use actix_web::web::Bytes;
 use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-
-use crate::delivery::Outbox;
 
 /// Bytes read per call: a burst of small frames in one read, on the stack.
 const READ_CHUNK: usize = 8 * 1024;
@@ -113,16 +110,13 @@ impl Feed {
 /// been written, so a client that stops reading stops its session (and its
 /// reads) until it reads again; its pushes pile up in its outbox, which
 /// overflows (ARCHITECTURE §5).
-pub(super) async fn drive<O>(mut io: TcpStream, leftover: Bytes, feed: Feed, output: O, outbox: &Outbox)
+pub(super) async fn drive<O>(mut io: TcpStream, leftover: Bytes, feed: Feed, output: O)
 where
     O: Stream<Item = Result<Bytes, actix_web::Error>>,
 {
     if !leftover.is_empty() {
         feed.give(Ok(leftover));
     }
-    // Lanes write pushes to the socket while this loop waits with nothing in
-    // hand; dropped (detached) before `io` closes, however this ends.
-    let attached = Attached::new(outbox, io.as_raw_fd());
     let mut output = std::pin::pin!(output);
     let mut pending = Bytes::new();
     let ended = poll_fn(|cx| loop {
@@ -137,10 +131,6 @@ where
                 Poll::Pending => {}
             }
         } else {
-            // Busy from before the output is asked until it has nothing
-            // more: a push written through meanwhile could land inside a
-            // piece, or a piece inside its unwritten rest.
-            outbox.busy();
             match output.as_mut().poll_next(cx) {
                 Poll::Ready(Some(Ok(piece))) => {
                     pending = piece;
@@ -151,7 +141,7 @@ where
                     return Poll::Ready(false);
                 }
                 Poll::Ready(None) => return Poll::Ready(true),
-                Poll::Pending => outbox.idle(),
+                Poll::Pending => {}
             }
         }
         if feed.wants() {
@@ -169,7 +159,6 @@ where
         return Poll::Pending;
     })
     .await;
-    drop(attached);
     if ended {
         // Boxed: its buffer exists only while it runs.
         Box::pin(linger(&mut io)).await;
@@ -191,20 +180,4 @@ pub(super) async fn linger(io: &mut TcpStream) {
         }
     };
     let _ = tokio::time::timeout(LINGER, drain).await;
-}
-
-/// The socket attached to the connection's outbox, detached when dropped.
-struct Attached<'a>(&'a Outbox);
-
-impl<'a> Attached<'a> {
-    fn new(outbox: &'a Outbox, fd: RawFd) -> Self {
-        outbox.attach(fd);
-        Self(outbox)
-    }
-}
-
-impl Drop for Attached<'_> {
-    fn drop(&mut self) {
-        self.0.detach();
-    }
 }

@@ -39,8 +39,8 @@ pub async fn serve(state: web::Data<AppState>, req: Request, framed: Framed<TcpS
         return;
     };
     let (input, feed) = Inbound::new();
-    let (output, outbox) = session::open(state, admitted, input);
-    socket::drive(io, leftover, feed, output, &outbox).await;
+    let output = session::open(state, admitted, input);
+    socket::drive(io, leftover, feed, output).await;
     drop(conn_data);
 }
 
