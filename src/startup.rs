@@ -78,7 +78,8 @@ impl Application {
         let listener = TcpListener::bind(config.listen).map_err(|e| StartupError::Io("bind listener", e))?;
         set_tcp_user_timeout(&listener, config.ws.timeout_ms)
             .map_err(|e| StartupError::Io("set TCP_USER_TIMEOUT", e))?;
-        let port = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?.port();
+        let addr = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?;
+        let port = addr.port();
         let Engine { writer, delivery } = Engine::start(store.clone(), &config.engine);
         if config.notify.notify {
             crate::notify::start(database_url.clone(), config.notify.clone(), &delivery)
@@ -95,7 +96,6 @@ impl Application {
         };
         let workers = config.workers;
         let state = web::Data::new(AppState::new(store, writer, bus, delivery, admin_token, Arc::new(config)));
-        let addr = listener.local_addr().map_err(|e| StartupError::Io("bind listener", e))?;
         let app_state = state.clone();
         let mut http = actix_server::Server::build()
             // Signals are ours: graceful shutdown is a protocol (`shutdown`), not just a stop.

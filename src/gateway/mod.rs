@@ -258,13 +258,14 @@ pub fn service(
         }) as futures_util::future::LocalBoxFuture<'static, _>
     });
     HttpService::build()
-        // actix-web's defaults.
+        // actix-web's default (the builder's is none).
         .client_disconnect_timeout(Duration::from_secs(1))
         // Small frames (acks, pushes) must not wait out Nagle against the peer's delayed ACK.
         .tcp_nodelay(true)
         .local_addr(addr)
         .on_connect_ext(move |io: &TcpStream, ext| per_ip.on_connect(io as &dyn Any, ext))
         .upgrade(upgrade)
+        // The app's configured host and address are read by no route here.
         .finish(map_config(app, |_| AppConfig::default()))
         .tcp()
 }
