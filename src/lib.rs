@@ -58,7 +58,8 @@
 //! ```text
 //!  thread                        hop
 //!  ────────────────────────────  ──────────────────────────────────────────────
-//!  HTTP worker (arbiter:N)       1 the session actor parses the frame;
+//!  HTTP worker (arbiter:N)       1 the connection's socket loop reads the
+//!                                  frame, the session actor parses it;
 //!                                  ops::dispatch queues the op on the
 //!                                  conversation's actor (Hub::enqueue, try_send)
 //!                                  and awaits its reply
@@ -82,8 +83,8 @@
 //!                                  each receiving device's outbox
 //!         │ outbox (bounded), one wakeup of an idle writer
 //!         ▼
-//!  HTTP worker(s)                6 the sender's session writes the ack, each
-//!                                  receiver's socket writer its pushes
+//!  HTTP worker(s)                6 the sender's socket loop writes the ack,
+//!                                  each receiver's its pushes
 //! ```
 //!
 //! On a node of a cluster, hop 4 also hands the batch to the `bus` thread
