@@ -140,20 +140,30 @@ async fn a_slow_consumer_is_closed_while_the_conversation_and_other_devices_carr
 /// Upgrades a raw TCP connection by hand; the stream after the 101.
 pub async fn raw_upgrade(port: u16, token: &str) -> TcpStream {
     let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let hello = format!(
-        "GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+    tcp.write_all(upgrade_request(port, "GET", "/v1/ws", token).as_bytes()).await.expect("handshake");
+    let head = response_head(&mut tcp).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    tcp
+}
+
+/// A WebSocket upgrade request for `path` with `method`, the token as bearer.
+pub fn upgrade_request(port: u16, method: &str, path: &str, token: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
          Authorization: Bearer {token}\r\n\r\n"
-    );
-    tcp.write_all(hello.as_bytes()).await.expect("handshake");
+    )
+}
+
+/// A response's head, up to its blank line, read byte by byte (nothing after it).
+pub async fn response_head(tcp: &mut TcpStream) -> String {
     let mut head = vec![];
     while !head.ends_with(b"\r\n\r\n") {
         let mut b = [0u8; 1];
-        tcp.read_exact(&mut b).await.expect("handshake reply");
+        tcp.read_exact(&mut b).await.expect("response head");
         head.push(b[0]);
     }
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
-    tcp
+    String::from_utf8_lossy(&head).into_owned()
 }
 
 /// The close code of the first close frame the server sends (unmasked frames).

@@ -11,6 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::evidence::Check;
+use crate::gateway_faults::{response_head, upgrade_request};
 use crate::server::TestServer;
 
 const SUITE: &str = "im-05";
@@ -30,25 +31,6 @@ fn masked_text(text: &str) -> Vec<u8> {
     frame.extend_from_slice(&mask);
     frame.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     frame
-}
-
-fn handshake(port: u16, method: &str, path: &str, token: &str) -> String {
-    format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
-         Authorization: Bearer {token}\r\n\r\n"
-    )
-}
-
-/// The response head, up to its blank line.
-async fn read_head(tcp: &mut TcpStream) -> String {
-    let mut head = vec![];
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut b = [0u8; 1];
-        tcp.read_exact(&mut b).await.expect("response head");
-        head.push(b[0]);
-    }
-    String::from_utf8_lossy(&head).into_owned()
 }
 
 /// The next text frame the server sends (unmasked), as JSON.
@@ -81,10 +63,10 @@ async fn frames_behind_the_handshake_and_frames_split_across_reads_reach_the_ses
     let s = TestServer::start().await;
     let ana = s.user("u-ana").await;
     let mut tcp = TcpStream::connect(("127.0.0.1", s.port)).await.expect("connect");
-    let mut first = handshake(s.port, "GET", "/v1/ws", &ana).into_bytes();
+    let mut first = upgrade_request(s.port, "GET", "/v1/ws", &ana).into_bytes();
     first.extend(masked_text(r#"{"id": 1, "op": "whoami"}"#));
     tcp.write_all(&first).await.expect("handshake and frame");
-    let head = tokio::time::timeout(WAIT, read_head(&mut tcp)).await.expect("101 in time");
+    let head = tokio::time::timeout(WAIT, response_head(&mut tcp)).await.expect("101 in time");
     let behind = tokio::time::timeout(WAIT, next_text(&mut tcp)).await.ok();
     let second = masked_text(r#"{"id": 2, "op": "whoami"}"#);
     for piece in [&second[..1], &second[1..9], &second[9..]] {
@@ -120,7 +102,7 @@ async fn refused_upgrades_get_the_protocol_error_shape_and_a_closed_connection()
         ("GET", "/v1/ws", "not-a-token", 401, "UNAUTHORIZED"),
     ] {
         let mut tcp = TcpStream::connect(("127.0.0.1", s.port)).await.expect("connect");
-        tcp.write_all(handshake(s.port, method, path, token).as_bytes()).await.expect("request");
+        tcp.write_all(upgrade_request(s.port, method, path, token).as_bytes()).await.expect("request");
         let mut answer = vec![];
         let read = tokio::time::timeout(WAIT, tcp.read_to_end(&mut answer)).await;
         let answer = String::from_utf8_lossy(&answer).into_owned();
