@@ -9,7 +9,7 @@ use super::WireError;
 use crate::domain::{format_time, Event, EventKind};
 use imcore_actors::UserId;
 
-use crate::store::{ConversationInfo, InboxItem, ReactionCount, SendAck, SyncPage};
+use crate::store::{ConversationInfo, InboxItem, ReactionCount, SendAck, SyncEvent, SyncPage};
 
 #[derive(Serialize)]
 struct Sender<'a> {
@@ -239,7 +239,7 @@ pub fn send_ack(ack: &SendAck) -> WireAck {
 
 #[derive(Serialize)]
 pub struct WireSyncPage<'a> {
-    events: Vec<WireEvent<'a>>,
+    events: Vec<PageEventJson<'a>>,
     head: i64,
     min_seq: i64,
     epoch: i32,
@@ -250,15 +250,22 @@ pub struct WireSyncPage<'a> {
     next_before: Option<i64>,
 }
 
+/// An event of a page: its shared encoding, or encoded for this page alone
+/// (with the caller's reactions, or if it could not be kept).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum PageEventJson<'a> {
+    Encoded(&'a RawValue),
+    Fresh(WireEvent<'a>),
+}
+
 /// PROTOCOL §5 `sync` result, encoded straight from the events (a sync page
-/// is the largest reply: no JSON tree is built for it).
+/// is the largest reply: no JSON tree is built for it). An event without
+/// reactions is encoded once and kept with it (`SyncEvent`): every page of a
+/// tail ring that shows it reuses that encoding.
 pub fn sync_page(page: &SyncPage) -> WireSyncPage<'_> {
     WireSyncPage {
-        events: page
-            .events
-            .iter()
-            .map(|e| WireEvent { reactions: page.reactions.get(&e.seq).map(Vec::as_slice), ..wire_event(e) })
-            .collect(),
+        events: page.events.iter().map(|e| page_event_json(page, e)).collect(),
         head: page.head,
         min_seq: page.min_seq,
         epoch: page.epoch,
@@ -266,6 +273,19 @@ pub fn sync_page(page: &SyncPage) -> WireSyncPage<'_> {
         has_more: page.has_more,
         truncated: page.truncated,
         next_before: page.next_before,
+    }
+}
+
+fn page_event_json<'a>(page: &'a SyncPage, e: &'a SyncEvent) -> PageEventJson<'a> {
+    if let Some(reactions) = page.reactions.get(&e.seq) {
+        return PageEventJson::Fresh(WireEvent { reactions: Some(reactions), ..wire_event(e) });
+    }
+    if let Some(encoded) = e.encoded.get() {
+        return PageEventJson::Encoded(encoded);
+    }
+    match serde_json::value::to_raw_value(&wire_event(e)) {
+        Ok(encoded) => PageEventJson::Encoded(e.encoded.get_or_init(|| encoded)),
+        Err(_) => PageEventJson::Fresh(wire_event(e)),
     }
 }
 

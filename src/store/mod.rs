@@ -67,7 +67,7 @@ pub use presence::Membership;
 pub use pushers::{NewPusher, NotifyLevel};
 pub use read::{MarkedRead, MemberRead, ReadsPage};
 pub use retention::{Pace, PurgeReport};
-pub use sync::{ReactionCount, SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
+pub use sync::{ReactionCount, SyncEvent, SyncPage, SyncRequest, SYNC_DEFAULT_LIMIT, SYNC_FORWARD, SYNC_MAX_LIMIT};
 pub use tail::{Tail, TailCounts};
 pub use write::{
     Appended, BanOp, BatchJob, ConvCache, EditOp, GroupChange, GroupOp, Invited, JoinOp, LeaveOp, ProfilePatch,

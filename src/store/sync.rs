@@ -5,9 +5,12 @@
 //! connection is returned before the rows are decoded.
 
 use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::{Arc, OnceLock};
 
 use bb8::PooledConnection;
 use imcore_actors::{ClientMsgId, ConvId, DeviceId, UserId};
+use serde_json::value::RawValue;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
@@ -54,7 +57,7 @@ impl SyncRequest {
 #[derive(Debug, Clone)]
 pub struct SyncPage {
     /// Ascending seq.
-    pub events: Vec<Event>,
+    pub events: Vec<Arc<SyncEvent>>,
     pub head: i64,
     pub min_seq: i64,
     pub epoch: i32,
@@ -69,6 +72,32 @@ pub struct SyncPage {
     pub truncated: bool,
     /// The reactions of the page's unrecalled messages that have any, by seq.
     pub reactions: HashMap<i64, Vec<ReactionCount>>,
+}
+
+/// An event of a page, shared with the tail ring that holds it (every page
+/// that shows it holds the same one), with a slot for its PROTOCOL form:
+/// filled by the first reply that encodes it (`protocol::wire`) and reused by
+/// every reply after, so an event in a ring is encoded once however many
+/// devices sync it. The form is the event's own, without the caller's
+/// reactions (a page with reactions for it encodes it afresh).
+#[derive(Debug)]
+pub struct SyncEvent {
+    pub event: Event,
+    pub encoded: OnceLock<Box<RawValue>>,
+}
+
+impl SyncEvent {
+    pub fn shared(event: Event) -> Arc<Self> {
+        Arc::new(Self { event, encoded: OnceLock::new() })
+    }
+}
+
+impl Deref for SyncEvent {
+    type Target = Event;
+
+    fn deref(&self) -> &Event {
+        &self.event
+    }
 }
 
 /// One emoji on a message: how many users have it on, and whether the
@@ -205,7 +234,7 @@ pub(super) async fn read_page(
             Some(json) => Some(serde_json::from_str(json).map_err(|_| StoreError::Undecodable("reactions"))?),
             None => None,
         };
-        Ok((event_from_row(&req.conv, r)?, reactions))
+        Ok((SyncEvent::shared(event_from_row(&req.conv, r)?), reactions))
     });
     if req.before_seq.is_none() {
         return Ok((forward_page(req, (head, min_seq, epoch), decoded)?, conversation_head));
@@ -223,7 +252,7 @@ pub(super) async fn read_page(
 }
 
 /// An event of a page with the reactions of its message, if it has any.
-pub(super) type PageEvent = (Event, Option<Vec<ReactionCount>>);
+pub(super) type PageEvent = (Arc<SyncEvent>, Option<Vec<ReactionCount>>);
 
 /// A forward page of `events` (the visible ones from the bound on, ascending,
 /// at most `limit + 1`), both paths' one paging rule: `(head, min_seq, epoch)`

@@ -18,13 +18,14 @@ use dashmap::DashMap;
 use imcore_actors::{ConvId, UserId};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use tokio::sync::watch;
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::IsolationLevel;
 
 use super::error::decoded;
-use super::sync::{event_from_row, forward_page, SyncPage, SyncRequest, EVENT_COLUMN_COUNT};
+use super::sync::{event_from_row, forward_page, SyncEvent, SyncPage, SyncRequest, EVENT_COLUMN_COUNT};
 use super::write::Appended;
 use super::{Store, StoreError};
 use crate::domain::{Event, EventKind, Rejection};
@@ -96,8 +97,8 @@ struct Ring {
     head: i64,
     min_seq: i64,
     epoch: i32,
-    /// Seqs `base + 1 ..= head`.
-    events: VecDeque<Event>,
+    /// Seqs `base + 1 ..= head`, each shared with the pages that show it.
+    events: VecDeque<Arc<SyncEvent>>,
     changed: HashSet<i64>,
     periods: HashMap<UserId, Periods>,
     bytes: usize,
@@ -408,7 +409,7 @@ impl Ring {
             head: s.head,
             min_seq: s.min_seq,
             epoch: s.epoch,
-            events: s.recent.into_iter().map(|(e, _)| e).collect(),
+            events: s.recent.into_iter().map(|(e, _)| SyncEvent::shared(e)).collect(),
             changed,
             periods: s.periods,
             bytes,
@@ -431,7 +432,7 @@ impl Ring {
                 return false;
             }
             self.bytes += event_bytes(event);
-            self.events.push_back(event.clone());
+            self.events.push_back(SyncEvent::shared(event.clone()));
             self.head = event.seq;
         }
         true
@@ -500,7 +501,7 @@ impl Ring {
         let fetch = req.limit.clamp(1, super::SYNC_MAX_LIMIT) as usize + 1;
         let visible = |seq: i64| periods.iter().any(|&(from, to)| from <= seq && seq <= to.unwrap_or(head).min(head));
         let start = usize::try_from(bound - self.base).ok()?;
-        let events: Vec<&Event> = self
+        let events: Vec<&Arc<SyncEvent>> = self
             .events
             .iter()
             .skip(start)
@@ -512,7 +513,7 @@ impl Ring {
             return None;
         }
         let page =
-            forward_page(req, (head, self.min_seq, self.epoch), events.into_iter().map(|e| Ok((e.clone(), None))));
+            forward_page(req, (head, self.min_seq, self.epoch), events.into_iter().map(|e| Ok((Arc::clone(e), None))));
         Some(page)
     }
 }

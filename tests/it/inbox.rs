@@ -89,7 +89,7 @@ async fn all_pages(env: &Env, user: &str, limit: i64) -> (Vec<InboxItem>, usize)
 
 /// The last event `sync` returns to `user`, reading the whole visible history.
 async fn newest_synced(env: &Env, user: &str, conv: ConvId) -> Option<Event> {
-    env.sync(&conv, user, 0).await.expect("sync").events.last().cloned()
+    env.sync(&conv, user, 0).await.expect("sync").events.last().map(|e| e.event.clone())
 }
 
 async fn item(env: &Env, user: &str, conv: &ConvId) -> InboxItem {

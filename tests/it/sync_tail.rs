@@ -61,7 +61,9 @@ async fn history(env: &Env, conv: &ConvId) {
 
 /// Every forward page of `conv` from `base` on, for every caller, limit and
 /// budget of the matrix, from the tail and from the SQL path: how many were
-/// compared, and those that differ.
+/// compared, and those that differ. A ring's event is encoded by the first
+/// page that shows it, and every later page, of any caller, reuses that
+/// encoding: those are compared with the SQL path's fresh ones too.
 async fn compare(env: &Env, conv: &ConvId, base: i64, head: i64) -> (u64, Vec<Value>) {
     let (mut compared, mut differ) = (0, vec![]);
     for user in ["u-ana", "u-ben", "u-cai", "u-dan", "u-zed"] {
