@@ -256,7 +256,7 @@ pub struct WireSyncPage<'a> {
 #[serde(untagged)]
 enum PageEventJson<'a> {
     Encoded(&'a RawValue),
-    Fresh(WireEvent<'a>),
+    Fresh(Box<WireEvent<'a>>),
 }
 
 /// PROTOCOL §5 `sync` result, encoded straight from the events (a sync page
@@ -278,14 +278,14 @@ pub fn sync_page(page: &SyncPage) -> WireSyncPage<'_> {
 
 fn page_event_json<'a>(page: &'a SyncPage, e: &'a SyncEvent) -> PageEventJson<'a> {
     if let Some(reactions) = page.reactions.get(&e.seq) {
-        return PageEventJson::Fresh(WireEvent { reactions: Some(reactions), ..wire_event(e) });
+        return PageEventJson::Fresh(Box::new(WireEvent { reactions: Some(reactions), ..wire_event(e) }));
     }
     if let Some(encoded) = e.encoded.get() {
         return PageEventJson::Encoded(encoded);
     }
     match serde_json::value::to_raw_value(&wire_event(e)) {
         Ok(encoded) => PageEventJson::Encoded(e.encoded.get_or_init(|| encoded)),
-        Err(_) => PageEventJson::Fresh(wire_event(e)),
+        Err(_) => PageEventJson::Fresh(Box::new(wire_event(e))),
     }
 }
 
