@@ -107,8 +107,9 @@ struct Run {
     synced: i64,
     head_seen: i64,
     syncing: bool,
-    /// The head moved while a sync was in flight.
-    dirty: bool,
+    /// The newest head a `head` push told while a sync was in flight: the
+    /// device syncs again after the answer if that answer ended below it.
+    dirty: Option<i64>,
 }
 
 /// How long a device waits before sending a refused sync again.
@@ -141,7 +142,7 @@ pub async fn device(mut ws: Ws, index: usize, current: Current, closed: Arc<Atom
         let Some(m) = current.read().ok().and_then(|c| c.clone()) else { continue };
         let r = match &mut run {
             Some(r) if Arc::ptr_eq(&r.measure, &m) => r,
-            _ => run.insert(Run { next: 0, synced: m.h0, head_seen: m.h0, syncing: false, dirty: false, measure: m }),
+            _ => run.insert(Run { next: 0, synced: m.h0, head_seen: m.h0, syncing: false, dirty: None, measure: m }),
         };
         let m = r.measure.clone();
         let now = now_us();
@@ -160,8 +161,8 @@ pub async fn device(mut ws: Ws, index: usize, current: Current, closed: Arc<Atom
                 m.arrived(index, &mut r.next, n, now);
             }
             r.synced = r.synced.max(f.next_after.unwrap_or(r.synced));
-            if f.has_more == Some(true) || r.dirty {
-                r.dirty = false;
+            let behind = r.dirty.take().is_some_and(|head| head > r.synced);
+            if f.has_more == Some(true) || behind {
                 r.syncing = sync(&mut ws, &m, r.synced, &mut next_id).await;
             }
             continue;
@@ -179,8 +180,13 @@ pub async fn device(mut ws: Ws, index: usize, current: Current, closed: Arc<Atom
                 let Some(head) = f.head else { continue };
                 m.heads.fetch_add(1, Ordering::Relaxed);
                 m.head_arrived(&mut r.head_seen, head, now);
+                // A head the device has synced past (its push was queued
+                // before the answer that covered it) asks for nothing.
+                if head <= r.synced {
+                    continue;
+                }
                 if r.syncing {
-                    r.dirty = true;
+                    r.dirty = r.dirty.max(Some(head));
                 } else {
                     r.syncing = sync(&mut ws, &m, r.synced, &mut next_id).await;
                 }
