@@ -35,8 +35,9 @@ type Periods = Vec<(i64, Option<i64>)>;
 
 /// Bytes a member's entry costs besides its id (map slot, vector, one period).
 const PERIODS_OVERHEAD: usize = 96;
-/// Bytes an event costs besides its body.
-const EVENT_OVERHEAD: usize = 160;
+/// Bytes an event costs besides its body, its PROTOCOL encoding's fixed
+/// fields included (ids, seq, times: kept with it once a page shows it).
+const EVENT_OVERHEAD: usize = 416;
 
 pub struct Tail {
     rings: DashMap<ConvId, Slot>,
@@ -518,8 +519,10 @@ impl Ring {
     }
 }
 
+/// Counted in full when the event enters the ring: its body twice, stored
+/// and in the encoding the first page that shows it keeps (`SyncEvent`).
 fn event_bytes(event: &Event) -> usize {
-    EVENT_OVERHEAD + super::sync::body_bytes(event)
+    EVENT_OVERHEAD + 2 * super::sync::body_bytes(event)
 }
 
 #[cfg(test)]
