@@ -79,23 +79,23 @@ impl Feed {
     }
 
     fn give(&self, chunk: Result<Bytes, PayloadError>) {
-        let waker = {
-            let mut shared = self.0.borrow_mut();
+        self.change(|shared| {
             shared.ended |= chunk.is_err();
             shared.chunk = Some(chunk);
-            shared.waker.take()
-        };
-        // The session's context runs on this task (polled through the
-        // output), so this wake usually only costs a flag.
-        if let Some(w) = waker {
-            w.wake();
-        }
+        });
     }
 
     fn end(&self) {
+        self.change(|shared| shared.ended = true);
+    }
+
+    /// Changes what the session reads next and wakes it if it waits. Its
+    /// context runs on this task (polled through the output), so the wake
+    /// usually only costs a flag.
+    fn change(&self, change: impl FnOnce(&mut Shared)) {
         let waker = {
             let mut shared = self.0.borrow_mut();
-            shared.ended = true;
+            change(&mut shared);
             shared.waker.take()
         };
         if let Some(w) = waker {
