@@ -6,9 +6,9 @@
 //!
 //! Invariants: everything lives under one root directory, runs as the
 //! unprivileged account the embedded PostgreSQL uses, and dies with us (each
-//! keeper in its own process group, killed on drop; SIGTERM by
-//! `PR_SET_PDEATHSIG` if we die first). Why and how: ARCHITECTURE §6, "The
-//! database failing over".
+//! keeper in its own process group, killed on drop with whatever still runs
+//! in the root; SIGTERM by `PR_SET_PDEATHSIG` if we die first). Why and how:
+//! ARCHITECTURE §6, "The database failing over".
 
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
@@ -340,10 +340,32 @@ impl Drop for Formation {
                 libc::kill(-group, libc::SIGKILL);
             }
         }
-        // PostgreSQL's backends leave once their postmaster is gone.
+        // PostgreSQL's backends leave once their postmaster is gone, but each
+        // runs in a session of its own, out of its keeper's group, and the
+        // monitor's health-check worker can outlive it (after a failover):
+        // what still runs in the root is found by its working directory.
         std::thread::sleep(Duration::from_millis(500));
+        for pid in processes_under(&self.root) {
+            // SAFETY: kill(2) on a process of this formation.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
         let _ = fs::remove_dir_all(&self.root);
     }
+}
+
+/// The processes whose working directory lies under `root` (each
+/// PostgreSQL process works in its data directory).
+pub fn processes_under(root: &Path) -> Vec<i32> {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return vec![];
+    };
+    procs
+        .flatten()
+        .filter_map(|p| p.file_name().to_str()?.parse().ok())
+        .filter(|pid: &i32| fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(root)))
+        .collect()
 }
 
 async fn connect(url: &str) -> Result<tokio_postgres::Client, PgError> {

@@ -77,8 +77,17 @@ async fn a_primary_killed_mid_burst_loses_no_acked_send_and_duplicates_none() {
          a gap, which resyncs every device of the conversation); /readyz answers \
          503 while there is no primary and 200 again after; the pool reaches the new primary without a restart",
     );
+    let left_check = Check::start(
+        SUITE,
+        "34-failover-formation-leaves-no-process",
+        "the same run, after the server stopped and the formation was dropped",
+        "no process has its working directory under the formation's root: the keepers, every PostgreSQL \
+         process of the monitor and both nodes (children run in sessions of their own; the monitor's \
+         health-check worker outlived its killed postmaster before) are gone",
+    );
     let root = std::env::temp_dir().join(format!("imcore-failover-{}", std::process::id()));
     let mut formation = Formation::start(&root, Timers::fast()).await.expect("form pg_auto_failover");
+    let root = root.canonicalize().expect("the formation's root");
     let first = formation.primary().await.expect("a primary");
 
     let mut config = Config::for_database(formation.url());
@@ -210,6 +219,8 @@ async fn a_primary_killed_mid_burst_loses_no_acked_send_and_duplicates_none() {
     trigger.fire();
     let _ = tokio::time::timeout(Duration::from_secs(15), running).await;
     drop(formation);
+    let left = pg_formation::processes_under(&root);
+    let left_pass = left_check.resolve(json!({ "processes_left": left }), left.is_empty());
 
     let all_acked = observed.acks.len() == SENDERS * PER_SENDER && observed.unacked.is_empty();
     let pass = all_acked && lost.is_empty() && duplicated.is_empty() && gapless && second.is_some_and(|s| s != first);
@@ -228,5 +239,5 @@ async fn a_primary_killed_mid_burst_loses_no_acked_send_and_duplicates_none() {
                "readyz_after_kill_ms_status": readyz}),
         retryable && observed.slowest_error <= ERROR_BOUND && back_200 && all_acked,
     );
-    assert!(lost_pass && shed_pass);
+    assert!(lost_pass && shed_pass && left_pass);
 }
