@@ -22,8 +22,9 @@ def yes(v):
     return "yes" if v.get("verified") is True else "**NO**"
 
 
-def main(name, default_json, section):
-    """Rewrites benches/README.md's `name` section with `section(doc)` (a list of lines) of the JSON."""
+def main(name, default_json, section, with_path=False):
+    """Rewrites benches/README.md's `name` section with `section(doc)` (a list of lines) of the JSON;
+    `section(doc, path)` with `with_path`, for a section that also reads files beside it."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=default_json)
@@ -31,7 +32,8 @@ def main(name, default_json, section):
     ap.add_argument("--print", action="store_true")
     a = ap.parse_args()
     with open(a.json) as f:
-        text = "\n".join([begin, *section(json.load(f)), end])
+        doc = json.load(f)
+    text = "\n".join([begin, *(section(doc, a.json) if with_path else section(doc)), end])
     if a.print:
         print(text)
         return
