@@ -25,11 +25,12 @@ def run_line(what, doc, path):
 
 
 def hot(doc, path):
+    first = doc["runs"][0]
     out = [
-        run_line("Hot group", doc, path) + ": one group, C sender connections (each its own device, up to 4 sends in "
-        "flight), 64 receiver devices online; every message is pushed to every online member device except its "
-        "sender's. `gaps` are pushes the server skipped that the receivers then fetched by `sync` after the run; "
-        "`closed` are connections the server closed.",
+        run_line("Hot group", doc, path) + f": one group, C sender connections (each its own device, up to "
+        f"{first['window']} sends in flight), {first['receivers']} receiver devices online; every message is pushed "
+        "to every online member device except its sender's. `gaps` are pushes the server skipped that the receivers "
+        "then fetched by `sync` after the run; `closed` are connections the server closed.",
         "",
         "| scenario | path | C | acked msgs/s | ack p50 / p99 / max ms | delivery p50 / p99 ms | push deliveries/s "
         "| per server core-second | cores: server / PostgreSQL / generator | gaps (synced) | closed | errors "
