@@ -81,9 +81,10 @@ async fn a_primary_killed_mid_burst_loses_no_acked_send_and_duplicates_none() {
         SUITE,
         "34-failover-formation-leaves-no-process",
         "the same run, after the server stopped and the formation was dropped",
-        "no process has its working directory under the formation's root: the keepers, every PostgreSQL \
-         process of the monitor and both nodes (children run in sessions of their own; the monitor's \
-         health-check worker outlived its killed postmaster before) are gone",
+        "before the drop, the formation's PostgreSQL processes are found by their working directory under its \
+         root (so the probe sees them); after it, none is: every PostgreSQL process of the monitor and both \
+         nodes is gone (children run in sessions of their own; the monitor's health-check worker outlived its \
+         killed postmaster before)",
     );
     let root = std::env::temp_dir().join(format!("imcore-failover-{}", std::process::id()));
     let mut formation = Formation::start(&root, Timers::fast()).await.expect("form pg_auto_failover");
@@ -218,9 +219,11 @@ async fn a_primary_killed_mid_burst_loses_no_acked_send_and_duplicates_none() {
 
     trigger.fire();
     let _ = tokio::time::timeout(Duration::from_secs(15), running).await;
+    let before = pg_formation::processes_under(&root);
     drop(formation);
     let left = pg_formation::processes_under(&root);
-    let left_pass = left_check.resolve(json!({ "processes_left": left }), left.is_empty());
+    let left_pass = left_check
+        .resolve(json!({ "processes_before": before, "processes_left": left }), !before.is_empty() && left.is_empty());
 
     let all_acked = observed.acks.len() == SENDERS * PER_SENDER && observed.unacked.is_empty();
     let pass = all_acked && lost.is_empty() && duplicated.is_empty() && gapless && second.is_some_and(|s| s != first);
