@@ -221,6 +221,11 @@ impl Formation {
         Ok(())
     }
 
+    /// The directory everything of the formation lives under, resolved.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn monitor_url(&self) -> String {
         format!("postgres://{USER}@127.0.0.1:{}/pg_auto_failover", self.monitor_port)
     }

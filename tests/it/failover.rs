@@ -88,7 +88,7 @@ async fn a_primary_killed_mid_burst_loses_no_acked_send_and_duplicates_none() {
     );
     let root = std::env::temp_dir().join(format!("imcore-failover-{}", std::process::id()));
     let mut formation = Formation::start(&root, Timers::fast()).await.expect("form pg_auto_failover");
-    let root = root.canonicalize().expect("the formation's root");
+    let root = formation.root().to_path_buf();
     let first = formation.primary().await.expect("a primary");
 
     let mut config = Config::for_database(formation.url());
