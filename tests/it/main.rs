@@ -15,6 +15,7 @@ mod edge_rules;
 mod embedded_pg;
 #[macro_use]
 mod env;
+mod event_rules;
 mod evidence;
 mod failover;
 mod fuzz_edges;

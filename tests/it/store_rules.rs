@@ -325,7 +325,7 @@ async fn a_row_the_schema_forbids_fails_the_read_instead_of_being_skipped_or_def
         .client()
         .await
         .batch_execute(&format!(
-            "ALTER TABLE events DROP CONSTRAINT events_client_msg_id_check;
+            "ALTER TABLE events DROP CONSTRAINT events_rules;
              UPDATE events SET client_msg_id = 'not an id' WHERE conv_id = '{bad}' AND seq = {planted};
              ALTER TABLE members DROP CONSTRAINT members_role_check;
              UPDATE members SET role = 'tyrant' WHERE conv_id = '{bad}' AND user_id = 'u-ben'"
@@ -355,8 +355,9 @@ async fn a_row_the_schema_forbids_fails_the_read_instead_of_being_skipped_or_def
 /// The id checks of migration 0015 against the rule they replaced and the
 /// parser's (one rule for every id: `is_valid_id`): every check accepts
 /// exactly the strings `ClientMsgId::parse` accepts, as the bounded regular
-/// expression of 0001 did. Negative control: the same corpus tells a check
-/// without the length bound apart.
+/// expression of 0001 did; on `events` the rule is part of `events_rules`
+/// (0016), evaluated on a `msg` and an `edit` row. Negative control: the same
+/// corpus tells a check without the length bound apart.
 #[actix_web::test]
 async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
     let env = Env::new(Path::Direct).await;
@@ -364,43 +365,51 @@ async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
     let corpus = id_corpus();
     let parsed: Vec<bool> = corpus.iter().map(|s| ClientMsgId::parse(s).is_ok()).collect();
     // A check's verdict on each string: NULL (unknown) passes, as in a CHECK.
-    let verdicts = |expr: String, column: &'static str| {
+    let verdicts = |expr: String, column: &'static str, row: &'static str| {
         let (db, corpus) = (&db, &corpus);
         async move {
             let sql = format!(
-                "SELECT coalesce({expr}, true) FROM unnest($1::text[]) WITH ORDINALITY AS s({column}, n) ORDER BY n"
+                "SELECT coalesce({expr}, true) FROM unnest($1::text[]) WITH ORDINALITY AS s({column}, n){row} ORDER BY n"
             );
             let rows = db.query(&sql, &[corpus]).await.expect("evaluate check");
             rows.iter().map(|r| r.get::<_, bool>(0)).collect::<Vec<bool>>()
         }
     };
     let mut seen = serde_json::Map::new();
-    let mut pass = true;
-    for (table, column) in
-        [("users", "user_id"), ("devices", "device_id"), ("conversations", "conv_id"), ("events", "client_msg_id")]
-    {
+    // On `events` the id rule is in the CHECK's function (0016).
+    let function: String = db
+        .query_one("SELECT prosrc FROM pg_proc WHERE proname = 'event_rules_hold'", &[])
+        .await
+        .expect("the function")
+        .get(0);
+    let mut pass = !function.contains("{1,64}");
+    for (name, column, row) in [
+        ("users_user_id_check", "user_id", ""),
+        ("devices_device_id_check", "device_id", ""),
+        ("conversations_conv_id_check", "conv_id", ""),
+        ("events_rules", "client_msg_id", EVENT_MSG_ROW),
+        ("events_rules", "client_msg_id", EVENT_EDIT_ROW),
+    ] {
         let expr: String = db
-            .query_one(
-                "SELECT pg_get_expr(conbin, conrelid) FROM pg_constraint WHERE conname = $1",
-                &[&format!("{table}_{column}_check")],
-            )
+            .query_one("SELECT pg_get_expr(conbin, conrelid) FROM pg_constraint WHERE conname = $1", &[&name])
             .await
             .expect("the check")
             .get(0);
-        let agrees = verdicts(expr.clone(), column).await == parsed;
+        let agrees = verdicts(expr.clone(), column, row).await == parsed;
         pass &= agrees && !expr.contains('{');
-        seen.insert(table.into(), json!({"check": expr, "agrees_with_parser": agrees}));
+        let kind = if row == EVENT_EDIT_ROW { " (edit)" } else { "" };
+        seen.insert(format!("{name}{kind}"), json!({"check": expr, "agrees_with_parser": agrees}));
     }
-    let old = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]{1,64}$'".into(), "user_id").await;
-    let unbounded = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]+$'".into(), "user_id").await;
+    let old = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]{1,64}$'".into(), "user_id", "").await;
+    let unbounded = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]+$'".into(), "user_id", "").await;
     let accepted = parsed.iter().filter(|ok| **ok).count();
     pass &= old == parsed && unbounded != parsed && accepted > 0 && accepted < corpus.len();
     record(
         SUITE,
         "04-id-checks-are-the-id-rule",
         "sql",
-        "the CHECKs on users.user_id, devices.device_id, conversations.conv_id and events.client_msg_id, evaluated \
-         from the catalog over a corpus of lengths 0-70 with allowed, forbidden and non-ASCII characters, accept \
+        "the CHECKs on users.user_id, devices.device_id, conversations.conv_id and events (events_rules, on a msg \
+         and an edit row), evaluated from the catalog over a corpus of lengths 0-70 with allowed, forbidden and non-ASCII characters, accept \
          exactly what ClientMsgId::parse accepts, with no bounded repetition; the regular expression they replaced \
          agrees too. Negative control: the check without its length bound disagrees.",
         json!({"checks": seen, "corpus": corpus.len(), "accepted": accepted, "old_rule_agrees": old == parsed,
@@ -409,6 +418,20 @@ async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
     );
     assert!(pass);
 }
+
+/// The columns of a valid `msg` row but its `client_msg_id`, for the CHECK
+/// of `events` to be evaluated on a corpus of ids.
+const EVENT_MSG_ROW: &str =
+    ", (VALUES ('msg', 5::int8, gen_random_uuid(), 'u', 'd', sha256(''), 'b', NULL, NULL, NULL, \
+     NULL::int8, NULL, false, NULL::int8, NULL::text[], NULL::bool, NULL::timestamptz, NULL, NULL::bool)) AS r(kind, \
+     seq, message_id, sender_user, sender_device, request_hash, body, subject_user, actor, reason, target_seq, change, \
+     recalled, reply_to, mentions, mention_all, edited_at, emoji, reaction_on)";
+
+/// The same for an `edit` row (the rules of the other kinds).
+const EVENT_EDIT_ROW: &str = ", (VALUES ('edit', 5::int8, NULL::uuid, 'u', 'd', sha256(''), 'b', NULL, NULL, NULL, \
+     3::int8, NULL, false, NULL::int8, NULL::text[], NULL::bool, NULL::timestamptz, NULL, NULL::bool)) AS r(kind, \
+     seq, message_id, sender_user, sender_device, request_hash, body, subject_user, actor, reason, target_seq, change, \
+     recalled, reply_to, mentions, mention_all, edited_at, emoji, reaction_on)";
 
 /// Strings around the id rule's edges: every length from 0 to 70 of allowed
 /// characters, and at the start, middle and end of valid ids one character of
