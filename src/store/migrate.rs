@@ -25,7 +25,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (13, "people", include_str!("../../schema/0013_people.sql")),
     (14, "large_groups", include_str!("../../schema/0014_large_groups.sql")),
     (15, "id_checks", include_str!("../../schema/0015_id_checks.sql")),
-    (16, "event_rules", include_str!("../../schema/0016_event_rules.sql")),
+    (16, "row_rules", include_str!("../../schema/0016_row_rules.sql")),
 ];
 
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

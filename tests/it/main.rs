@@ -15,7 +15,6 @@ mod edge_rules;
 mod embedded_pg;
 #[macro_use]
 mod env;
-mod event_rules;
 mod evidence;
 mod failover;
 mod fuzz_edges;
@@ -42,6 +41,7 @@ mod persistence;
 mod presence;
 mod recall;
 mod retention;
+mod row_rules;
 mod server;
 mod since;
 mod standby_reads;

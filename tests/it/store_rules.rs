@@ -355,8 +355,9 @@ async fn a_row_the_schema_forbids_fails_the_read_instead_of_being_skipped_or_def
 /// The id checks of migration 0015 against the rule they replaced and the
 /// parser's (one rule for every id: `is_valid_id`): every check accepts
 /// exactly the strings `ClientMsgId::parse` accepts, as the bounded regular
-/// expression of 0001 did; on `events` the rule is part of `events_rules`
-/// (0016), evaluated on a `msg` and an `edit` row. Negative control: the same
+/// expression of 0001 did; on `events` and `conversations` the rule is part
+/// of the table's one CHECK (0016), evaluated on a valid row (for `events`, a
+/// `msg` and an `edit` row). Negative control: the same
 /// corpus tells a check without the length bound apart.
 #[actix_web::test]
 async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
@@ -376,17 +377,20 @@ async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
         }
     };
     let mut seen = serde_json::Map::new();
-    // On `events` the id rule is in the CHECK's function (0016).
-    let function: String = db
-        .query_one("SELECT prosrc FROM pg_proc WHERE proname = 'event_rules_hold'", &[])
+    // On `events` and `conversations` the id rule is in the CHECK's function (0016).
+    let functions: String = db
+        .query_one(
+            "SELECT string_agg(prosrc, ' ') FROM pg_proc WHERE proname IN ('event_rules_hold', 'conversation_rules_hold')",
+            &[],
+        )
         .await
-        .expect("the function")
+        .expect("the functions")
         .get(0);
-    let mut pass = !function.contains("{1,64}");
+    let mut pass = !functions.contains("{1,64}");
     for (name, column, row) in [
         ("users_user_id_check", "user_id", ""),
         ("devices_device_id_check", "device_id", ""),
-        ("conversations_conv_id_check", "conv_id", ""),
+        ("conversations_rules", "conv_id", CONVERSATION_ROW),
         ("events_rules", "client_msg_id", EVENT_MSG_ROW),
         ("events_rules", "client_msg_id", EVENT_EDIT_ROW),
     ] {
@@ -408,8 +412,8 @@ async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
         SUITE,
         "04-id-checks-are-the-id-rule",
         "sql",
-        "the CHECKs on users.user_id, devices.device_id, conversations.conv_id and events (events_rules, on a msg \
-         and an edit row), evaluated from the catalog over a corpus of lengths 0-70 with allowed, forbidden and non-ASCII characters, accept \
+        "the CHECKs on users.user_id, devices.device_id, conversations (conversations_rules, on a group row) and \
+         events (events_rules, on a msg and an edit row), evaluated from the catalog over a corpus of lengths 0-70 with allowed, forbidden and non-ASCII characters, accept \
          exactly what ClientMsgId::parse accepts, with no bounded repetition; the regular expression they replaced \
          agrees too. Negative control: the check without its length bound disagrees.",
         json!({"checks": seen, "corpus": corpus.len(), "accepted": accepted, "old_rule_agrees": old == parsed,
@@ -432,6 +436,12 @@ const EVENT_EDIT_ROW: &str = ", (VALUES ('edit', 5::int8, NULL::uuid, 'u', 'd', 
      3::int8, NULL, false, NULL::int8, NULL::text[], NULL::bool, NULL::timestamptz, NULL, NULL::bool)) AS r(kind, \
      seq, message_id, sender_user, sender_device, request_hash, body, subject_user, actor, reason, target_seq, change, \
      recalled, reply_to, mentions, mention_all, edited_at, emoji, reaction_on)";
+
+/// The columns of a valid group but its `conv_id`.
+const CONVERSATION_ROW: &str = ", (VALUES ('group', 'push', 'auto', 'n', 'u', 'invite', 500, 'active', 0::int8, \
+     0::int8, NULL::int8, 1, 1::int8, 1::int8, 0::int8, 0)) AS r(kind, delivery_mode, delivery_setting, name, owner, \
+     join_mode, max_member, status, recall_window_ms, edit_window_ms, retention_ms, epoch, min_seq, next_seq, \
+     member_version, member_count)";
 
 /// Strings around the id rule's edges: every length from 0 to 70 of allowed
 /// characters, and at the start, middle and end of valid ids one character of
