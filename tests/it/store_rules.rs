@@ -357,8 +357,8 @@ async fn a_row_the_schema_forbids_fails_the_read_instead_of_being_skipped_or_def
 /// exactly the strings `ClientMsgId::parse` accepts, as the bounded regular
 /// expression of 0001 did; on `events` and `conversations` the rule is part
 /// of the table's one CHECK (0016), evaluated on a valid row (for `events`, a
-/// `msg` and an `edit` row). Negative control: the same
-/// corpus tells a check without the length bound apart.
+/// `msg` and an `edit` row). Negative control: the same corpus tells a check
+/// without the length bound apart.
 #[actix_web::test]
 async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
     let env = Env::new(Path::Direct).await;
@@ -413,9 +413,10 @@ async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
         "04-id-checks-are-the-id-rule",
         "sql",
         "the CHECKs on users.user_id, devices.device_id, conversations (conversations_rules, on a group row) and \
-         events (events_rules, on a msg and an edit row), evaluated from the catalog over a corpus of lengths 0-70 with allowed, forbidden and non-ASCII characters, accept \
-         exactly what ClientMsgId::parse accepts, with no bounded repetition; the regular expression they replaced \
-         agrees too. Negative control: the check without its length bound disagrees.",
+         events (events_rules, on a msg and an edit row), evaluated from the catalog over a corpus of lengths \
+         0-70 with allowed, forbidden and non-ASCII characters, accept exactly what ClientMsgId::parse accepts, \
+         with no bounded repetition; the regular expression they replaced agrees too. Negative control: the check \
+         without its length bound disagrees.",
         json!({"checks": seen, "corpus": corpus.len(), "accepted": accepted, "old_rule_agrees": old == parsed,
                "unbounded_control_agrees": unbounded == parsed}),
         pass,
