@@ -4,8 +4,8 @@
 -- CHECK of a table back from its stored node text and plans it again at each
 -- statement that writes the table (`ExecRelCheck`): ~31 KB for these
 -- thirty-five, about half of a lone send's statement. A PL/pgSQL function is
--- compiled once per connection, and the CHECK that calls it is a short text
--- (benches/README.md, "The rules of a row as one function").
+-- compiled once per connection, and the CHECK is one call over the row's
+-- columns (benches/README.md, "The rules of a row as one function").
 --
 -- The rules are those of the constraints dropped here, unchanged, joined by
 -- AND: false when one of them is, as a CHECK fails when one of its rules
@@ -13,8 +13,8 @@
 -- the row leaves null) is written coalesce(..., true), so such a row gets
 -- true. A `msg` event, the row a send writes, is checked by the same rules
 -- simplified for `kind = 'msg'`; every other kind by all of them. A test
--- compares each function with the rules it replaced over a corpus of rows
--- (`tests/it/row_rules.rs`).
+-- compares each table's CHECK with the rules it replaced over a corpus of
+-- rows (`tests/it/row_rules.rs`).
 --
 -- NOT VALID, as in 0015: every existing row holds the same rules in their old
 -- form, and validating would scan the whole log under the table's lock; new

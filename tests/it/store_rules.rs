@@ -9,6 +9,7 @@ use serde_json::json;
 
 use crate::env::{cid, text, uid, Env, Path, PathName, WriteErr};
 use crate::evidence::record;
+use crate::row_rules::{CONVERSATION_GROUP, EVENT_EDIT, EVENT_MSG};
 
 const SUITE: &str = "im-04";
 
@@ -365,14 +366,17 @@ async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
     let db = env.db.client().await;
     let corpus = id_corpus();
     let parsed: Vec<bool> = corpus.iter().map(|s| ClientMsgId::parse(s).is_ok()).collect();
-    // A check's verdict on each string: NULL (unknown) passes, as in a CHECK.
-    let verdicts = |expr: String, column: &'static str, row: &'static str| {
+    // A check's verdict on each string put in `column` of the valid row of
+    // `table` (`jsonb`): NULL (unknown) passes, as in a CHECK.
+    let verdicts = |expr: String, table: &'static str, column: &'static str, valid: &'static str| {
         let (db, corpus) = (&db, &corpus);
         async move {
             let sql = format!(
-                "SELECT coalesce({expr}, true) FROM unnest($1::text[]) WITH ORDINALITY AS s({column}, n){row} ORDER BY n"
+                "SELECT coalesce({expr}, true) FROM unnest($1::text[]) WITH ORDINALITY AS s(candidate, n),
+                   jsonb_populate_record(NULL::{table}, $2::text::jsonb || jsonb_build_object('{column}', s.candidate)) r
+                 ORDER BY n"
             );
-            let rows = db.query(&sql, &[corpus]).await.expect("evaluate check");
+            let rows = db.query(&sql, &[corpus, &valid]).await.expect("evaluate check");
             rows.iter().map(|r| r.get::<_, bool>(0)).collect::<Vec<bool>>()
         }
     };
@@ -387,25 +391,25 @@ async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
         .expect("the functions")
         .get(0);
     let mut pass = !functions.contains("{1,64}");
-    for (name, column, row) in [
-        ("users_user_id_check", "user_id", ""),
-        ("devices_device_id_check", "device_id", ""),
-        ("conversations_rules", "conv_id", CONVERSATION_ROW),
-        ("events_rules", "client_msg_id", EVENT_MSG_ROW),
-        ("events_rules", "client_msg_id", EVENT_EDIT_ROW),
+    for (name, table, column, valid) in [
+        ("users_user_id_check", "users", "user_id", "{}"),
+        ("devices_device_id_check", "devices", "device_id", "{}"),
+        ("conversations_rules", "conversations", "conv_id", CONVERSATION_GROUP),
+        ("events_rules", "events", "client_msg_id", EVENT_MSG),
+        ("events_rules", "events", "client_msg_id", EVENT_EDIT),
     ] {
         let expr: String = db
             .query_one("SELECT pg_get_expr(conbin, conrelid) FROM pg_constraint WHERE conname = $1", &[&name])
             .await
             .expect("the check")
             .get(0);
-        let agrees = verdicts(expr.clone(), column, row).await == parsed;
+        let agrees = verdicts(expr.clone(), table, column, valid).await == parsed;
         pass &= agrees && !expr.contains('{');
-        let kind = if row == EVENT_EDIT_ROW { " (edit)" } else { "" };
+        let kind = if valid == EVENT_EDIT { " (edit)" } else { "" };
         seen.insert(format!("{name}{kind}"), json!({"check": expr, "agrees_with_parser": agrees}));
     }
-    let old = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]{1,64}$'".into(), "user_id", "").await;
-    let unbounded = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]+$'".into(), "user_id", "").await;
+    let old = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]{1,64}$'".into(), "users", "user_id", "{}").await;
+    let unbounded = verdicts(r"user_id ~ '^[A-Za-z0-9._:@-]+$'".into(), "users", "user_id", "{}").await;
     let accepted = parsed.iter().filter(|ok| **ok).count();
     pass &= old == parsed && unbounded != parsed && accepted > 0 && accepted < corpus.len();
     record(
@@ -423,26 +427,6 @@ async fn the_databases_id_checks_accept_exactly_the_ids_the_parser_accepts() {
     );
     assert!(pass);
 }
-
-/// The columns of a valid `msg` row but its `client_msg_id`, for the CHECK
-/// of `events` to be evaluated on a corpus of ids.
-const EVENT_MSG_ROW: &str =
-    ", (VALUES ('msg', 5::int8, gen_random_uuid(), 'u', 'd', sha256(''), 'b', NULL, NULL, NULL, \
-     NULL::int8, NULL, false, NULL::int8, NULL::text[], NULL::bool, NULL::timestamptz, NULL, NULL::bool)) AS r(kind, \
-     seq, message_id, sender_user, sender_device, request_hash, body, subject_user, actor, reason, target_seq, change, \
-     recalled, reply_to, mentions, mention_all, edited_at, emoji, reaction_on)";
-
-/// The same for an `edit` row (the rules of the other kinds).
-const EVENT_EDIT_ROW: &str = ", (VALUES ('edit', 5::int8, NULL::uuid, 'u', 'd', sha256(''), 'b', NULL, NULL, NULL, \
-     3::int8, NULL, false, NULL::int8, NULL::text[], NULL::bool, NULL::timestamptz, NULL, NULL::bool)) AS r(kind, \
-     seq, message_id, sender_user, sender_device, request_hash, body, subject_user, actor, reason, target_seq, change, \
-     recalled, reply_to, mentions, mention_all, edited_at, emoji, reaction_on)";
-
-/// The columns of a valid group but its `conv_id`.
-const CONVERSATION_ROW: &str = ", (VALUES ('group', 'push', 'auto', 'n', 'u', 'invite', 500, 'active', 0::int8, \
-     0::int8, NULL::int8, 1, 1::int8, 1::int8, 0::int8, 0)) AS r(kind, delivery_mode, delivery_setting, name, owner, \
-     join_mode, max_member, status, recall_window_ms, edit_window_ms, retention_ms, epoch, min_seq, next_seq, \
-     member_version, member_count)";
 
 /// Strings around the id rule's edges: every length from 0 to 70 of allowed
 /// characters, and at the start, middle and end of valid ids one character of
